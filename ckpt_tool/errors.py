@@ -1,0 +1,24 @@
+"""Errors that ckpt reports to the user as one line with a documented exit code."""
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_UNUSABLE_INPUT = 2
+EXIT_INTERNAL = 3
+
+
+class CkptError(Exception):
+    """An error caused by the input or the environment, not by a bug in ckpt."""
+
+    exit_code = EXIT_UNUSABLE_INPUT
+
+
+class StorageError(CkptError):
+    """A file or object could not be read or written."""
+
+
+class CheckpointFormatError(CkptError):
+    """Bytes that are not what Flink writes."""
+
+
+class OutputExistsError(CkptError):
+    """The destination already holds a checkpoint; ckpt never overwrites one."""

@@ -1,0 +1,1 @@
+"""Flink's on-disk checkpoint format: ``_metadata`` and channel-state files."""

@@ -1,0 +1,104 @@
+"""A checkpoint at a URI: its parsed ``_metadata`` and access to the files its handles name."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ckpt_tool.errors import CheckpointFormatError, StorageError
+from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
+from ckpt_tool.flink.model import (
+    ByteStreamHandle,
+    CheckpointMetadata,
+    EmptySegmentFileHandle,
+    FileHandle,
+    RelativeFileHandle,
+    SegmentFileHandle,
+)
+from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
+
+METADATA_FILE = "_metadata"
+
+
+@dataclass
+class PathMapping:
+    """Maps the absolute paths Flink wrote onto where the checkpoint is now.
+
+    Flink's handles hold absolute paths (``file:/…/<job>/chk-7/<uuid>``, ``…/<job>/shared/<uuid>``).
+    A checkpoint that was copied elsewhere keeps those paths; any path under the original job
+    directory is found at the same place under the checkpoint's current parent directory.
+    """
+
+    original_checkpoint_dir: str | None
+    checkpoint_dir: str
+
+    @staticmethod
+    def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> "PathMapping":
+        pattern = re.compile(rf"^(.*/chk-{metadata.checkpoint_id})/[^/]+$")
+        for handle in iter_stream_handles(metadata):
+            if isinstance(handle, (FileHandle, SegmentFileHandle)):
+                match = pattern.match(normalize_uri(handle.path))
+                if match:
+                    return PathMapping(match.group(1), checkpoint_dir)
+        return PathMapping(None, checkpoint_dir)
+
+    def resolve(self, path: str) -> str:
+        path = normalize_uri(path)
+        original = self.original_checkpoint_dir
+        if original is None or original == self.checkpoint_dir:
+            return path
+        if path.startswith(original + "/"):
+            return self.checkpoint_dir + path[len(original):]
+        original_job_dir = parent(original)
+        if path.startswith(original_job_dir + "/"):
+            return parent(self.checkpoint_dir) + path[len(original_job_dir):]
+        return path
+
+
+@dataclass
+class Checkpoint:
+    uri: str
+    io: FileIO
+    metadata: CheckpointMetadata
+    paths: PathMapping
+    _cache: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def open(uri: str) -> "Checkpoint":
+        """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata."""
+        uri = normalize_uri(uri).rstrip("/")
+        if uri.endswith("/" + METADATA_FILE):
+            uri = parent(uri)
+        io = io_for(uri)
+        metadata_uri = join(uri, METADATA_FILE)
+        if not io.exists(metadata_uri):
+            raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
+        metadata = read_metadata(io.read(metadata_uri), source=metadata_uri)
+        return Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
+
+    def location(self, handle) -> str | None:
+        """Where a stream handle's bytes are now, or None for inline data."""
+        if isinstance(handle, (FileHandle, SegmentFileHandle)):
+            return self.paths.resolve(handle.path)
+        if isinstance(handle, RelativeFileHandle):
+            return join(self.uri, handle.relative_path)
+        return None
+
+    def read_file(self, uri: str) -> bytes:
+        if uri not in self._cache:
+            self._cache[uri] = self.io.read(uri)
+        return self._cache[uri]
+
+    def handle_bytes(self, handle) -> bytes:
+        """The whole content of a stream handle (a file, a file segment or inline data)."""
+        if isinstance(handle, ByteStreamHandle):
+            return handle.data
+        if isinstance(handle, EmptySegmentFileHandle):
+            return b""
+        uri = self.location(handle)
+        if uri is None:
+            raise CheckpointFormatError(f"cannot read state from a {type(handle).__name__}")
+        data = self.read_file(uri)
+        if isinstance(handle, SegmentFileHandle):
+            data = data[handle.start:handle.start + handle.size]
+        return data

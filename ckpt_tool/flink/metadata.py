@@ -1,0 +1,623 @@
+"""Read and write Flink's ``_metadata`` file, versions 3 to 6 (Flink 1.15 to 2.3).
+
+The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``MetadataV3Serializer``
+... ``MetadataV6Serializer`` and ``ChannelStateHandleSerializerV1/V2``:
+
+* header: magic ``0x4960672d``, version;
+* checkpoint id, master states, operator states;
+* v5+: each operator starts with its name and uid; v6: channel handles carry a type byte and may
+  be merged; v4+: java-serialized ``CheckpointProperties`` follow the operators (kept verbatim).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.flink.javaio import JavaReader, JavaWriter
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    ByteStreamHandle,
+    ChangelogBackendHandle,
+    ChangelogStreamHandle,
+    ChannelStateHandle,
+    CheckpointMetadata,
+    EmptySegmentFileHandle,
+    FileHandle,
+    HandleAndLocalPath,
+    IncrementalKeyedHandle,
+    InMemoryChangelogHandle,
+    KeyGroupsHandle,
+    MasterState,
+    MergedChannelStateHandle,
+    OperatorState,
+    OperatorStateHandle,
+    OperatorStateInfo,
+    RelativeFileHandle,
+    SegmentFileHandle,
+    StateChange,
+    SubtaskState,
+)
+
+HEADER_MAGIC = 0x4960672D
+MASTER_STATE_MAGIC = -915728746  # 0xc96b1696 as a signed int
+SUPPORTED_VERSIONS = (3, 4, 5, 6)
+
+# type bytes of MetadataV2V3SerializerBase
+NULL_HANDLE = 0
+BYTE_STREAM = 1
+FILE_STREAM = 2
+KEY_GROUPS = 3
+OPERATOR_STATE = 4
+INCREMENTAL = 5
+RELATIVE_STREAM = 6
+SAVEPOINT_KEY_GROUPS = 7
+CHANGELOG = 8
+CHANGELOG_BYTE_INCREMENT = 9
+CHANGELOG_FILE_INCREMENT = 10
+INCREMENTAL_V2 = 11
+KEY_GROUPS_V2 = 12
+CHANGELOG_FILE_INCREMENT_V2 = 13
+CHANGELOG_V2 = 14
+SEGMENT_FILE = 15
+EMPTY_SEGMENT_FILE = 16
+SEGMENT_OPERATOR_STATE = 17
+
+# type bytes of ChannelStateHandleSerializerV2 (metadata v6)
+CHANNEL_TAGS = {(INPUT, False): 1, (OUTPUT, False): 2, (INPUT, True): 3, (OUTPUT, True): 4}
+
+
+# ------------------------------------------------------------------------------------------------
+# reading
+# ------------------------------------------------------------------------------------------------
+
+
+def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
+    """Parse a whole ``_metadata`` file. Raises CheckpointFormatError on anything Flink would reject."""
+    reader = JavaReader(data, source)
+    if len(data) < 8:
+        raise CheckpointFormatError(f"{source} is not a Flink checkpoint: only {len(data)} bytes")
+    magic = reader.i32("magic number")
+    if magic != HEADER_MAGIC:
+        raise CheckpointFormatError(
+            f"{source} is not a Flink checkpoint: magic number 0x{magic & 0xFFFFFFFF:08x}, "
+            f"expected 0x{HEADER_MAGIC:08x}"
+        )
+    version = reader.i32("metadata version")
+    if version not in SUPPORTED_VERSIONS:
+        raise CheckpointFormatError(
+            f"{source} has metadata version {version}; supported versions are "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.15 to 2.3)"
+        )
+    return _MetadataReader(reader, version).read()
+
+
+class _MetadataReader:
+    def __init__(self, reader: JavaReader, version: int):
+        self.r = reader
+        self.version = version
+
+    def read(self) -> CheckpointMetadata:
+        r = self.r
+        start = r.pos
+        checkpoint_id = r.i64("checkpoint id")
+        if checkpoint_id < 0:
+            r.fail(f"invalid checkpoint id {checkpoint_id}", at=start)
+        masters = [self.master_state() for _ in range(r.count("number of master states"))]
+        operators = [self.operator_state() for _ in range(r.count("number of operator states"))]
+        properties = r.rest() if self.version >= 4 else None
+        if self.version >= 4 and not properties:
+            r.fail("missing checkpoint properties")
+        if self.version < 4 and r.remaining:
+            r.fail("trailing bytes after the operator states")
+        return CheckpointMetadata(self.version, checkpoint_id, masters, operators, properties)
+
+    def master_state(self) -> MasterState:
+        r = self.r
+        start = r.pos
+        if r.i32("master state magic") != MASTER_STATE_MAGIC:
+            r.fail("wrong magic number of a master state", at=start)
+        length = r.i32("master state length")
+        if length <= 0:
+            r.fail(f"master state length {length}", at=start + 4)
+        inner = JavaReader(r.raw(length, "master state"), r.source)
+        inner.pos = 0
+        version = inner.i32("master state version")
+        name = inner.utf("master state name")
+        payload = inner.raw(inner.count("master state payload length"), "master state payload")
+        if inner.remaining:
+            r.fail("trailing bytes in a master state", at=start)
+        return MasterState(version, name, payload)
+
+    def operator_state(self) -> OperatorState:
+        r = self.r
+        name = uid = None
+        if self.version >= 5:
+            name = r.utf("operator name") or None
+            uid = r.utf("operator uid") or None
+        operator_id = r.raw(16, "operator id")
+        parallelism = r.i32("parallelism")
+        max_parallelism = r.i32("max parallelism")
+        at = r.pos
+        coordinator = self.stream_handle()
+        if coordinator is not None and not isinstance(coordinator, ByteStreamHandle):
+            r.fail("coordinator state is not an inline byte-stream handle", at=at)
+        op = OperatorState(operator_id, parallelism, max_parallelism, name, uid, coordinator)
+        num_subtasks = r.i32("number of subtask states")
+        if num_subtasks < 0:
+            if coordinator is not None:
+                r.fail("a fully finished operator has coordinator state", at=at)
+            op.fully_finished = True
+            return op
+        for _ in range(num_subtasks):
+            stored = r.i32("subtask index")
+            if stored < 0:
+                op.subtasks.append(SubtaskState(index=-stored - 1, finished=True))
+            else:
+                op.subtasks.append(self.subtask_state(stored))
+        return op
+
+    def subtask_state(self, index: int) -> SubtaskState:
+        r = self.r
+        state = SubtaskState(index)
+        if r.i32("managed operator state flag") != 0:
+            state.managed_operator = self.operator_state_handle()
+        if r.i32("raw operator state flag") != 0:
+            state.raw_operator = self.operator_state_handle()
+        state.managed_keyed = self.keyed_handle()
+        state.raw_keyed = self.keyed_handle()
+        state.input_channels = [self.channel_handle(INPUT) for _ in range(r.count("input channel handles"))]
+        state.output_channels = [
+            self.channel_handle(OUTPUT) for _ in range(r.count("result subpartition handles"))
+        ]
+        return state
+
+    # --- handles --------------------------------------------------------------------------------
+
+    def stream_handle(self):
+        r = self.r
+        at = r.pos
+        tag = r.u8("stream handle type")
+        if tag == NULL_HANDLE:
+            return None
+        if tag == FILE_STREAM:
+            size = r.i64("file size")
+            return FileHandle(r.utf("file path"), size)
+        if tag == BYTE_STREAM:
+            name = r.utf("handle name")
+            return ByteStreamHandle(name, r.raw(r.count("inline state length"), "inline state"))
+        if tag == RELATIVE_STREAM:
+            path = r.utf("relative path")
+            return RelativeFileHandle(path, r.i64("file size"))
+        if tag == KEY_GROUPS:
+            start, offsets = self.key_group_offsets()
+            return KeyGroupsHandle(KEY_GROUPS, start, offsets, self.stream_handle())
+        if tag == SEGMENT_FILE:
+            start, size, scope = r.i64("segment start"), r.i64("segment size"), r.i32("segment scope")
+            return SegmentFileHandle(start, size, scope, r.utf("segment file path"), r.utf("logical file id"))
+        if tag == EMPTY_SEGMENT_FILE:
+            return EmptySegmentFileHandle()
+        r.fail(f"unknown stream state handle type tag {tag}", at=at)
+
+    def key_group_offsets(self) -> tuple[int, list[int]]:
+        r = self.r
+        start = r.i32("start key group")
+        count = r.count("number of key groups")
+        return start, [r.i64("key group offset") for _ in range(count)]
+
+    def keyed_handle(self):
+        r = self.r
+        at = r.pos
+        tag = r.i8("keyed state handle type")
+        if tag == NULL_HANDLE:
+            return None
+        if tag in (KEY_GROUPS, KEY_GROUPS_V2, SAVEPOINT_KEY_GROUPS):
+            start, offsets = self.key_group_offsets()
+            delegate = self.stream_handle()
+            handle_id = r.utf("state handle id") if tag == KEY_GROUPS_V2 else None
+            return KeyGroupsHandle(tag, start, offsets, delegate, handle_id)
+        if tag in (INCREMENTAL, INCREMENTAL_V2):
+            v2 = tag == INCREMENTAL_V2
+            checkpoint_id = r.i64("checkpoint id")
+            backend_id = r.utf("backend id")
+            start, num = r.i32("start key group"), r.i32("number of key groups")
+            checkpointed_size = r.i64("checkpointed size") if v2 else -1
+            meta = self.stream_handle()
+            shared = self.handle_and_local_paths()
+            private = self.handle_and_local_paths()
+            handle_id = r.utf("state handle id") if v2 else None
+            return IncrementalKeyedHandle(
+                tag, checkpoint_id, backend_id, start, num, checkpointed_size, meta, shared, private, handle_id
+            )
+        if tag in (CHANGELOG, CHANGELOG_V2):
+            start, num = r.i32("start key group"), r.i32("number of key groups")
+            checkpointed_size = r.i64("checkpointed size")
+            materialized = [self.keyed_handle() for _ in range(r.count("materialized handles"))]
+            non_materialized = [self.keyed_handle() for _ in range(r.count("changelog handles"))]
+            materialization_id = r.i64("materialization id")
+            checkpoint_id = r.i64("checkpoint id") if tag == CHANGELOG_V2 else materialization_id
+            return ChangelogBackendHandle(
+                tag, start, num, checkpointed_size, materialized, non_materialized,
+                materialization_id, checkpoint_id, r.utf("state handle id"),
+            )
+        if tag == CHANGELOG_BYTE_INCREMENT:
+            start, num = r.i32("start key group"), r.i32("number of key groups")
+            seq_from, seq_to = r.i64("sequence number"), r.i64("sequence number")
+            changes = []
+            for _ in range(r.count("number of changes")):
+                key_group = r.i32("change key group")
+                changes.append(StateChange(key_group, r.raw(r.count("change length"), "change")))
+            return InMemoryChangelogHandle(start, num, seq_from, seq_to, changes, r.utf("state handle id"))
+        if tag in (CHANGELOG_FILE_INCREMENT, CHANGELOG_FILE_INCREMENT_V2):
+            start, num = r.i32("start key group"), r.i32("number of key groups")
+            parts = []
+            for _ in range(r.count("number of changelog files")):
+                offset = r.i64("changelog offset")
+                parts.append((self.stream_handle(), offset))
+            state_size, checkpointed_size = r.i64("state size"), r.i64("checkpointed size")
+            handle_id = r.utf("state handle id")
+            storage = r.utf("storage identifier") if tag == CHANGELOG_FILE_INCREMENT_V2 else None
+            return ChangelogStreamHandle(tag, start, num, parts, state_size, checkpointed_size, handle_id, storage)
+        r.fail(f"unknown keyed state handle type tag {tag}", at=at)
+
+    def handle_and_local_paths(self) -> list[HandleAndLocalPath]:
+        r = self.r
+        result = []
+        for _ in range(r.count("number of state files")):
+            local_path = r.utf("local path")
+            result.append(HandleAndLocalPath(local_path, self.stream_handle()))
+        return result
+
+    def operator_state_handle(self) -> Optional[OperatorStateHandle]:
+        r = self.r
+        at = r.pos
+        tag = r.i8("operator state handle type")
+        if tag == NULL_HANDLE:
+            return None
+        if tag not in (OPERATOR_STATE, SEGMENT_OPERATOR_STATE):
+            r.fail(f"unknown operator state handle type tag {tag}", at=at)
+        states = []
+        for _ in range(r.count("number of operator states")):
+            name = r.utf("operator state name")
+            mode_at = r.pos
+            mode = r.i8("distribution mode")
+            if not 0 <= mode <= 2:
+                r.fail(f"unknown distribution mode {mode}", at=mode_at)
+            offsets = [r.i64("partition offset") for _ in range(r.count("number of partition offsets"))]
+            states.append(OperatorStateInfo(name, mode, offsets))
+        handle = OperatorStateHandle(tag, states, None)
+        if tag == SEGMENT_OPERATOR_STATE:
+            handle.task_owned_dir = r.utf("task-owned directory")
+            handle.shared_dir = r.utf("shared directory")
+            handle.is_empty = r.boolean("empty flag")
+        handle.delegate = self.stream_handle()
+        return handle
+
+    def channel_handle(self, direction: str):
+        r = self.r
+        if self.version < 6:
+            return self.plain_channel_handle(direction)
+        at = r.pos
+        tag = r.u8("channel state handle type")
+        if tag == CHANNEL_TAGS[(direction, False)]:
+            return self.plain_channel_handle(direction)
+        if tag == CHANNEL_TAGS[(direction, True)]:
+            return self.merged_channel_handle(direction)
+        r.fail(f"unknown {direction} channel state handle type tag {tag}", at=at)
+
+    def plain_channel_handle(self, direction: str) -> ChannelStateHandle:
+        r = self.r
+        subtask = r.i32("subtask index")
+        info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
+        offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets"))]
+        size = r.i64("channel state size")
+        return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
+
+    def merged_channel_handle(self, direction: str) -> MergedChannelStateHandle:
+        r = self.r
+        subtask = r.i32("subtask index")
+        size = r.i64("merged state size")
+        delegate = self.stream_handle()
+        at = r.pos
+        serialized = r.raw(r.count("length of merged channel offsets"), "merged channel offsets")
+        merged = MergedChannelStateHandle(direction, subtask, size, delegate, serialized)
+        merged.channels = _unmerge(merged, JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"))
+        return merged
+
+
+def _unmerge(merged: MergedChannelStateHandle, r: JavaReader) -> list[ChannelStateHandle]:
+    """Decode ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets."""
+    channels = []
+    for _ in range(r.count("number of merged channels")):
+        info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
+        size = r.i64("channel state size")
+        offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets"))]
+        channels.append(ChannelStateHandle(merged.direction, merged.subtask_index, info, offsets, size, merged.delegate))
+    if r.remaining:
+        r.fail("trailing bytes in merged channel offsets")
+    return channels
+
+
+# ------------------------------------------------------------------------------------------------
+# writing
+# ------------------------------------------------------------------------------------------------
+
+
+def write_metadata(metadata: CheckpointMetadata) -> bytes:
+    """Serialize like Flink's serializer of ``metadata.version``."""
+    if metadata.version not in SUPPORTED_VERSIONS:
+        raise CheckpointFormatError(f"cannot write metadata version {metadata.version}")
+    w = _MetadataWriter(JavaWriter(), metadata.version)
+    w.write(metadata)
+    return w.w.getvalue()
+
+
+def serialize_merged_offsets(channels: list[ChannelStateHandle]) -> bytes:
+    """The ``serializedChannelOffsets`` of a merged handle holding ``channels``."""
+    w = JavaWriter()
+    w.i32(len(channels))
+    for ch in channels:
+        w.i32(ch.info[0])
+        w.i32(ch.info[1])
+        w.i64(ch.state_size)
+        w.i32(len(ch.offsets))
+        for offset in ch.offsets:
+            w.i64(offset)
+    return w.getvalue()
+
+
+class _MetadataWriter:
+    def __init__(self, writer: JavaWriter, version: int):
+        self.w = writer
+        self.version = version
+
+    def write(self, md: CheckpointMetadata) -> None:
+        w = self.w
+        w.i32(HEADER_MAGIC)
+        w.i32(md.version)
+        w.i64(md.checkpoint_id)
+        w.i32(len(md.master_states))
+        for master in md.master_states:
+            self.master_state(master)
+        w.i32(len(md.operators))
+        for op in md.operators:
+            self.operator_state(op)
+        if self.version >= 4:
+            if md.properties is None:
+                raise CheckpointFormatError("metadata version 4+ needs checkpoint properties")
+            w.raw(md.properties)
+
+    def master_state(self, master: MasterState) -> None:
+        inner = JavaWriter()
+        inner.i32(master.version)
+        inner.utf(master.name)
+        inner.i32(len(master.payload))
+        inner.raw(master.payload)
+        body = inner.getvalue()
+        self.w.i32(MASTER_STATE_MAGIC)
+        self.w.i32(len(body))
+        self.w.raw(body)
+
+    def operator_state(self, op: OperatorState) -> None:
+        w = self.w
+        if self.version >= 5:
+            w.utf(op.name or "")
+            w.utf(op.uid or "")
+        w.raw(op.operator_id)
+        w.i32(op.parallelism)
+        w.i32(op.max_parallelism)
+        self.stream_handle(op.coordinator_state)
+        if op.fully_finished:
+            w.i32(-1)
+            return
+        w.i32(len(op.subtasks))
+        for subtask in op.subtasks:
+            if subtask.finished:
+                w.i32(-(subtask.index + 1))
+            else:
+                w.i32(subtask.index)
+                self.subtask_state(subtask)
+
+    def subtask_state(self, s: SubtaskState) -> None:
+        w = self.w
+        for handle in (s.managed_operator, s.raw_operator):
+            w.i32(0 if handle is None else 1)
+            if handle is not None:
+                self.operator_state_handle(handle)
+        self.keyed_handle(s.managed_keyed)
+        self.keyed_handle(s.raw_keyed)
+        for handles in (s.input_channels, s.output_channels):
+            w.i32(len(handles))
+            for handle in handles:
+                self.channel_handle(handle)
+
+    def stream_handle(self, h) -> None:
+        w = self.w
+        if h is None:
+            w.u8(NULL_HANDLE)
+        elif isinstance(h, FileHandle):
+            w.u8(FILE_STREAM)
+            w.i64(h.size)
+            w.utf(h.path)
+        elif isinstance(h, ByteStreamHandle):
+            w.u8(BYTE_STREAM)
+            w.utf(h.name)
+            w.i32(len(h.data))
+            w.raw(h.data)
+        elif isinstance(h, RelativeFileHandle):
+            w.u8(RELATIVE_STREAM)
+            w.utf(h.relative_path)
+            w.i64(h.size)
+        elif isinstance(h, KeyGroupsHandle):
+            w.u8(KEY_GROUPS)
+            self.key_group_offsets(h)
+            self.stream_handle(h.delegate)
+        elif isinstance(h, SegmentFileHandle):
+            w.u8(SEGMENT_FILE)
+            w.i64(h.start)
+            w.i64(h.size)
+            w.i32(h.scope)
+            w.utf(h.path)
+            w.utf(h.logical_file_id)
+        elif isinstance(h, EmptySegmentFileHandle):
+            w.u8(EMPTY_SEGMENT_FILE)
+        else:
+            raise TypeError(f"not a stream state handle: {type(h).__name__}")
+
+    def key_group_offsets(self, h: KeyGroupsHandle) -> None:
+        self.w.i32(h.start_key_group)
+        self.w.i32(len(h.offsets))
+        for offset in h.offsets:
+            self.w.i64(offset)
+
+    def keyed_handle(self, h) -> None:
+        w = self.w
+        if h is None:
+            w.u8(NULL_HANDLE)
+        elif isinstance(h, KeyGroupsHandle):
+            w.u8(h.tag)
+            self.key_group_offsets(h)
+            self.stream_handle(h.delegate)
+            if h.tag == KEY_GROUPS_V2:
+                w.utf(h.handle_id or "")
+        elif isinstance(h, IncrementalKeyedHandle):
+            w.u8(h.tag)
+            w.i64(h.checkpoint_id)
+            w.utf(h.backend_id)
+            w.i32(h.start_key_group)
+            w.i32(h.num_key_groups)
+            if h.tag == INCREMENTAL_V2:
+                w.i64(h.checkpointed_size)
+            self.stream_handle(h.meta)
+            self.handle_and_local_paths(h.shared)
+            self.handle_and_local_paths(h.private)
+            if h.tag == INCREMENTAL_V2:
+                w.utf(h.handle_id or "")
+        elif isinstance(h, ChangelogBackendHandle):
+            w.u8(h.tag)
+            w.i32(h.start_key_group)
+            w.i32(h.num_key_groups)
+            w.i64(h.checkpointed_size)
+            for group in (h.materialized, h.non_materialized):
+                w.i32(len(group))
+                for inner in group:
+                    self.keyed_handle(inner)
+            w.i64(h.materialization_id)
+            if h.tag == CHANGELOG_V2:
+                w.i64(h.checkpoint_id)
+            w.utf(h.handle_id)
+        elif isinstance(h, InMemoryChangelogHandle):
+            w.u8(CHANGELOG_BYTE_INCREMENT)
+            w.i32(h.start_key_group)
+            w.i32(h.num_key_groups)
+            w.i64(h.sequence_from)
+            w.i64(h.sequence_to)
+            w.i32(len(h.changes))
+            for change in h.changes:
+                w.i32(change.key_group)
+                w.i32(len(change.change))
+                w.raw(change.change)
+            w.utf(h.handle_id)
+        elif isinstance(h, ChangelogStreamHandle):
+            w.u8(h.tag)
+            w.i32(h.start_key_group)
+            w.i32(h.num_key_groups)
+            w.i32(len(h.handles_and_offsets))
+            for stream, offset in h.handles_and_offsets:
+                w.i64(offset)
+                self.stream_handle(stream)
+            w.i64(h.state_size)
+            w.i64(h.checkpointed_size)
+            w.utf(h.handle_id)
+            if h.tag == CHANGELOG_FILE_INCREMENT_V2:
+                w.utf(h.storage_identifier or "")
+        else:
+            raise TypeError(f"not a keyed state handle: {type(h).__name__}")
+
+    def handle_and_local_paths(self, items: list[HandleAndLocalPath]) -> None:
+        self.w.i32(len(items))
+        for item in items:
+            self.w.utf(item.local_path)
+            self.stream_handle(item.handle)
+
+    def operator_state_handle(self, h: OperatorStateHandle) -> None:
+        w = self.w
+        w.u8(h.tag)
+        w.i32(len(h.states))
+        for state in h.states:
+            w.utf(state.name)
+            w.u8(state.mode)
+            w.i32(len(state.offsets))
+            for offset in state.offsets:
+                w.i64(offset)
+        if h.tag == SEGMENT_OPERATOR_STATE:
+            w.utf(h.task_owned_dir or "")
+            w.utf(h.shared_dir or "")
+            w.boolean(h.is_empty)
+        self.stream_handle(h.delegate)
+
+    def channel_handle(self, h) -> None:
+        w = self.w
+        merged = isinstance(h, MergedChannelStateHandle)
+        if self.version >= 6:
+            w.u8(CHANNEL_TAGS[(h.direction, merged)])
+        elif merged:
+            raise CheckpointFormatError(f"metadata version {self.version} cannot hold merged channel state handles")
+        if merged:
+            w.i32(h.subtask_index)
+            w.i64(h.state_size)
+            self.stream_handle(h.delegate)
+            w.i32(len(h.serialized_offsets))
+            w.raw(h.serialized_offsets)
+        else:
+            w.i32(h.subtask_index)
+            w.i32(h.info[0])
+            w.i32(h.info[1])
+            w.i32(len(h.offsets))
+            for offset in h.offsets:
+                w.i64(offset)
+            w.i64(h.state_size)
+            self.stream_handle(h.delegate)
+
+
+def iter_stream_handles(metadata: CheckpointMetadata) -> list:
+    """Every stream handle the checkpoint references (files and inline data), depth first."""
+    found: list = []
+
+    def stream(h) -> None:
+        if h is None:
+            return
+        if isinstance(h, KeyGroupsHandle):
+            stream(h.delegate)
+        else:
+            found.append(h)
+
+    def keyed(h) -> None:
+        if h is None:
+            return
+        if isinstance(h, KeyGroupsHandle):
+            stream(h.delegate)
+        elif isinstance(h, IncrementalKeyedHandle):
+            stream(h.meta)
+            for item in h.shared + h.private:
+                stream(item.handle)
+        elif isinstance(h, ChangelogBackendHandle):
+            for inner in h.materialized + h.non_materialized:
+                keyed(inner)
+        elif isinstance(h, ChangelogStreamHandle):
+            for inner, _ in h.handles_and_offsets:
+                stream(inner)
+
+    for op in metadata.operators:
+        stream(op.coordinator_state)
+        for s in op.subtasks:
+            for handle in (s.managed_operator, s.raw_operator):
+                if handle is not None:
+                    stream(handle.delegate)
+            keyed(s.managed_keyed)
+            keyed(s.raw_keyed)
+            for ch in s.input_channels + s.output_channels:
+                stream(ch.delegate)
+    return found
+

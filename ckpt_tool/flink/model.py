@@ -1,0 +1,317 @@
+"""The contents of a Flink checkpoint's ``_metadata``, one dataclass per kind of handle.
+
+Every field Flink writes is kept, so that writing a parsed file back gives the same bytes.
+Names follow Flink's classes (``org.apache.flink.runtime.state``) where that helps to look them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+# --- stream state handles (where bytes live) -------------------------------------------------
+
+
+@dataclass
+class ByteStreamHandle:
+    """``ByteStreamStateHandle``: state small enough to be stored inline in ``_metadata``."""
+
+    name: str
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class FileHandle:
+    """``FileStateHandle``: a whole file, by absolute path as Flink wrote it."""
+
+    path: str
+    size: int
+
+
+@dataclass
+class RelativeFileHandle:
+    """``RelativeFileStateHandle``: a file relative to the checkpoint's own directory."""
+
+    relative_path: str
+    size: int
+
+
+@dataclass
+class SegmentFileHandle:
+    """``SegmentFileStateHandle`` (file merging): a byte range of a shared physical file."""
+
+    start: int
+    size: int
+    scope: int
+    path: str
+    logical_file_id: str
+
+
+@dataclass
+class EmptySegmentFileHandle:
+    """``EmptySegmentFileStateHandle``: file merging's placeholder for empty state."""
+
+    size: int = 0
+
+
+# --- keyed state ------------------------------------------------------------------------------
+
+
+@dataclass
+class KeyGroupsHandle:
+    """``KeyGroupsStateHandle`` (hashmap backend): one offset per key group into ``delegate``.
+
+    ``tag`` is the type byte Flink wrote: 3 (old, no id), 12 (with ``handle_id``) or 7 (savepoint).
+    """
+
+    tag: int
+    start_key_group: int
+    offsets: list[int]
+    delegate: Optional["StreamHandle"]
+    handle_id: Optional[str] = None
+
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + len(self.offsets))
+
+
+@dataclass
+class HandleAndLocalPath:
+    local_path: str
+    handle: Optional["StreamHandle"]
+
+
+@dataclass
+class IncrementalKeyedHandle:
+    """``IncrementalRemoteKeyedStateHandle`` (RocksDB incremental): shared and private files.
+
+    ``tag`` 5 is the old layout (no checkpointed size, no id), 11 the current one.
+    """
+
+    tag: int
+    checkpoint_id: int
+    backend_id: str
+    start_key_group: int
+    num_key_groups: int
+    checkpointed_size: int
+    meta: Optional["StreamHandle"]
+    shared: list[HandleAndLocalPath]
+    private: list[HandleAndLocalPath]
+    handle_id: Optional[str]
+
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
+
+
+@dataclass
+class ChangelogBackendHandle:
+    """``ChangelogStateBackendHandle``: materialized handles plus changelog deltas (tag 8 or 14)."""
+
+    tag: int
+    start_key_group: int
+    num_key_groups: int
+    checkpointed_size: int
+    materialized: list["KeyedHandle"]
+    non_materialized: list["KeyedHandle"]
+    materialization_id: int
+    checkpoint_id: int
+    handle_id: str
+
+
+@dataclass
+class StateChange:
+    key_group: int
+    change: bytes
+
+
+@dataclass
+class InMemoryChangelogHandle:
+    """``InMemoryChangelogStateHandle`` (tag 9)."""
+
+    start_key_group: int
+    num_key_groups: int
+    sequence_from: int
+    sequence_to: int
+    changes: list[StateChange]
+    handle_id: str
+
+
+@dataclass
+class ChangelogStreamHandle:
+    """``ChangelogStateHandleStreamImpl`` (tag 10, or 13 with a storage identifier)."""
+
+    tag: int
+    start_key_group: int
+    num_key_groups: int
+    handles_and_offsets: list[tuple[Optional["StreamHandle"], int]]
+    state_size: int
+    checkpointed_size: int
+    handle_id: str
+    storage_identifier: Optional[str]
+
+
+# --- operator state ---------------------------------------------------------------------------
+
+DISTRIBUTION_MODES = ("SPLIT_DISTRIBUTE", "UNION", "BROADCAST")
+
+
+@dataclass
+class OperatorStateInfo:
+    """One named operator state inside an operator-state handle."""
+
+    name: str
+    mode: int  # ordinal of OperatorStateHandle.Mode, see DISTRIBUTION_MODES
+    offsets: list[int]
+
+    @property
+    def mode_name(self) -> str:
+        return DISTRIBUTION_MODES[self.mode] if 0 <= self.mode < len(DISTRIBUTION_MODES) else str(self.mode)
+
+
+@dataclass
+class OperatorStateHandle:
+    """``OperatorStreamStateHandle`` (tag 4) or its file-merging variant (tag 17)."""
+
+    tag: int
+    states: list[OperatorStateInfo]
+    delegate: Optional["StreamHandle"]
+    task_owned_dir: Optional[str] = None
+    shared_dir: Optional[str] = None
+    is_empty: bool = False
+
+
+# --- channel state (in-flight data) -------------------------------------------------------------
+
+INPUT = "input"
+OUTPUT = "output"
+
+
+@dataclass
+class ChannelStateHandle:
+    """``InputChannelStateHandle`` or ``ResultSubpartitionStateHandle``.
+
+    ``info`` is (gate, channel) for input and (partition, subpartition) for output; ``offsets``
+    point at each buffer's 4-byte length in ``delegate``; ``state_size`` counts length prefixes too.
+    """
+
+    direction: str
+    subtask_index: int
+    info: tuple[int, int]
+    offsets: list[int]
+    state_size: int
+    delegate: Optional["StreamHandle"]
+
+    @property
+    def buffer_count(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Buffer payload bytes, without the 4-byte length before each buffer."""
+        return self.state_size - 4 * len(self.offsets)
+
+
+@dataclass
+class MergedChannelStateHandle:
+    """Metadata v6's merged handle: all channels of one subtask that share one delegate.
+
+    ``serialized_offsets`` is kept verbatim; ``channels`` is its decoded form.
+    """
+
+    direction: str
+    subtask_index: int
+    state_size: int
+    delegate: Optional["StreamHandle"]
+    serialized_offsets: bytes
+    channels: list[ChannelStateHandle] = field(default_factory=list)
+
+
+# --- operators and the checkpoint ---------------------------------------------------------------
+
+
+@dataclass
+class SubtaskState:
+    """One subtask's state; ``finished`` subtasks (FLIP-147) carry nothing else."""
+
+    index: int
+    finished: bool = False
+    managed_operator: Optional[OperatorStateHandle] = None
+    raw_operator: Optional[OperatorStateHandle] = None
+    managed_keyed: Optional["KeyedHandle"] = None
+    raw_keyed: Optional["KeyedHandle"] = None
+    input_channels: list["AnyChannelHandle"] = field(default_factory=list)
+    output_channels: list["AnyChannelHandle"] = field(default_factory=list)
+
+    def channel_handles(self, direction: str) -> list[ChannelStateHandle]:
+        """The per-channel handles of one direction, merged handles opened up."""
+        handles = self.input_channels if direction == INPUT else self.output_channels
+        result: list[ChannelStateHandle] = []
+        for handle in handles:
+            if isinstance(handle, MergedChannelStateHandle):
+                result.extend(handle.channels)
+            else:
+                result.append(handle)
+        return result
+
+
+@dataclass
+class OperatorState:
+    operator_id: bytes  # 16 bytes: Flink's OperatorID (lower long, upper long)
+    parallelism: int
+    max_parallelism: int
+    name: Optional[str] = None
+    uid: Optional[str] = None
+    coordinator_state: Optional[ByteStreamHandle] = None
+    fully_finished: bool = False
+    subtasks: list[SubtaskState] = field(default_factory=list)
+
+    @property
+    def id_hex(self) -> str:
+        return self.operator_id.hex()
+
+    @property
+    def finished(self) -> str:
+        """``"all"``, ``"partial"`` or ``"none"``, as FLIP-147 finished markers say."""
+        if self.fully_finished:
+            return "all"
+        done = sum(1 for s in self.subtasks if s.finished)
+        if done and done == len(self.subtasks) == self.parallelism:
+            return "all"
+        return "partial" if done else "none"
+
+
+@dataclass
+class MasterState:
+    version: int
+    name: str
+    payload: bytes
+
+
+@dataclass
+class CheckpointMetadata:
+    version: int
+    checkpoint_id: int
+    master_states: list[MasterState]
+    operators: list[OperatorState]
+    properties: Optional[bytes] = None  # v4+: java-serialized CheckpointProperties, verbatim
+
+    def operator(self, ref: str) -> OperatorState:
+        """Find an operator by 32-hex-digit id, uid or name."""
+        for op in self.operators:
+            if ref in (op.id_hex, op.uid, op.name):
+                return op
+        raise KeyError(ref)
+
+
+StreamHandle = Union[
+    ByteStreamHandle, FileHandle, RelativeFileHandle, SegmentFileHandle, EmptySegmentFileHandle, KeyGroupsHandle
+]
+KeyedHandle = Union[
+    KeyGroupsHandle, IncrementalKeyedHandle, ChangelogBackendHandle, InMemoryChangelogHandle, ChangelogStreamHandle
+]
+AnyChannelHandle = Union[ChannelStateHandle, MergedChannelStateHandle]

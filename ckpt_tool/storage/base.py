@@ -1,0 +1,78 @@
+"""The storage interface and URI helpers."""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+
+from ckpt_tool.errors import StorageError
+
+S3_SCHEMES = ("s3://", "s3a://", "s3n://", "s3p://")
+
+
+def normalize_uri(uri: str) -> str:
+    """One spelling per location: local paths absolute-free of ``file:``; all S3 schemes as ``s3://``.
+
+    Flink writes local paths as ``file:/x`` or ``file:///x`` and S3 paths as ``s3://``, ``s3a://``
+    or ``s3p://`` depending on the plugin; they name the same objects.
+    """
+    for scheme in S3_SCHEMES:
+        if uri.startswith(scheme):
+            return "s3://" + uri[len(scheme):]
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif uri.startswith("file:"):
+        uri = uri[len("file:"):]
+    return uri
+
+
+def is_s3(uri: str) -> bool:
+    return normalize_uri(uri).startswith("s3://")
+
+
+def join(base: str, *parts: str) -> str:
+    return posixpath.join(normalize_uri(base).rstrip("/") or "/", *parts)
+
+
+def parent(uri: str) -> str:
+    uri = normalize_uri(uri).rstrip("/")
+    if is_s3(uri) and uri.count("/") <= 2:
+        return uri
+    return posixpath.dirname(uri)
+
+
+class FileIO(ABC):
+    """Read and write whole files or byte ranges by URI."""
+
+    @abstractmethod
+    def read(self, uri: str) -> bytes: ...
+
+    @abstractmethod
+    def read_range(self, uri: str, start: int, length: int) -> bytes: ...
+
+    @abstractmethod
+    def size(self, uri: str) -> int: ...
+
+    @abstractmethod
+    def exists(self, uri: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, uri: str) -> list[str]:
+        """Every file below ``uri`` (recursively), as full URIs, sorted."""
+
+    @abstractmethod
+    def write(self, uri: str, data: bytes) -> None:
+        """Create ``uri`` with ``data``; fails if it exists (ckpt never overwrites)."""
+
+
+def io_for(uri: str) -> FileIO:
+    """The FileIO for a URI's scheme."""
+    if is_s3(uri):
+        from ckpt_tool.storage.s3 import S3FileIO
+
+        return S3FileIO.default()
+    if "://" in normalize_uri(uri):
+        raise StorageError(f"unsupported storage scheme in {uri!r} (use a local path, file:// or s3://)")
+    from ckpt_tool.storage.local import LocalFileIO
+
+    return LocalFileIO()

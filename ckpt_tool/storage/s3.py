@@ -1,0 +1,93 @@
+"""S3 storage through boto3 with its standard configuration.
+
+Credentials come from boto3's default chain (environment, ``AWS_PROFILE``, config files, instance
+roles); ``AWS_ENDPOINT_URL`` (or ``CKPT_S3_ENDPOINT``) points at S3-compatible stores. Reads of
+buffers are ranged GETs; throttling and 5xx answers are retried with backoff by botocore.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from functools import lru_cache
+
+from ckpt_tool.errors import StorageError
+from ckpt_tool.storage.base import FileIO, normalize_uri
+
+RETRY_CONFIG = {"max_attempts": 10, "mode": "standard"}
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    rest = normalize_uri(uri)[len("s3://"):]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise StorageError(f"no bucket in {uri!r}")
+    return bucket, key
+
+
+class S3FileIO(FileIO):
+    def __init__(self, endpoint_url: str | None = None):
+        import boto3
+        from botocore.config import Config
+
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url or None, config=Config(retries=RETRY_CONFIG)
+        )
+
+    @staticmethod
+    @lru_cache(maxsize=None)
+    def default() -> "S3FileIO":
+        return S3FileIO(os.environ.get("CKPT_S3_ENDPOINT"))
+
+    def _call(self, what: str, uri: str, fn, **kwargs):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "error")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                raise StorageError(f"cannot {what} {uri}: no such object") from exc
+            raise StorageError(f"cannot {what} {uri}: {code}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot {what} {uri}: {exc}") from exc
+
+    def read(self, uri: str) -> bytes:
+        bucket, key = split_s3_uri(uri)
+        return self._call("read", uri, self.client.get_object, Bucket=bucket, Key=key)["Body"].read()
+
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        bucket, key = split_s3_uri(uri)
+        if length == 0:
+            return b""
+        rng = f"bytes={start}-{start + length - 1}"
+        data = self._call("read", uri, self.client.get_object, Bucket=bucket, Key=key, Range=rng)["Body"].read()
+        if len(data) != length:
+            raise StorageError(f"{uri} is truncated: wanted {length} bytes at {start}, got {len(data)}")
+        return data
+
+    def size(self, uri: str) -> int:
+        bucket, key = split_s3_uri(uri)
+        return self._call("read", uri, self.client.head_object, Bucket=bucket, Key=key)["ContentLength"]
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.size(uri)
+            return True
+        except StorageError:
+            return False
+
+    def list(self, uri: str) -> list[str]:
+        bucket, prefix = split_s3_uri(uri)
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        found = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in self._call("list", uri, paginator.paginate, Bucket=bucket, Prefix=prefix):
+            found.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))
+        return sorted(found)
+
+    def write(self, uri: str, data: bytes) -> None:
+        if self.exists(uri):
+            raise StorageError(f"{uri} already exists; ckpt never overwrites files")
+        bucket, key = split_s3_uri(uri)
+        self._call("write", uri, self.client.upload_fileobj, Fileobj=io.BytesIO(data), Bucket=bucket, Key=key)
