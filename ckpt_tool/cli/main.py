@@ -31,7 +31,9 @@ def inspect(checkpoint: str, as_json: bool) -> None:
     from ckpt_tool.flink.checkpoint import Checkpoint
     from ckpt_tool.inspect import summarize
 
-    output_for(as_json).inspect(summarize(Checkpoint.open(checkpoint)))
+    opened = Checkpoint.open(checkpoint)
+    opened.require_files()
+    output_for(as_json).inspect(summarize(opened))
 
 
 def main(argv: list[str] | None = None) -> None:

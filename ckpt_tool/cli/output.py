@@ -34,7 +34,8 @@ def _human_bytes(count: int) -> str:
 
 class RichOutput(Output):
     def __init__(self) -> None:
-        self.console = Console()
+        # Piped output is not squeezed into Rich's default 80 columns.
+        self.console = Console(width=None if sys.stdout.isatty() else 160)
 
     def inspect(self, summary: dict) -> None:
         ops = summary["operators"]
@@ -51,14 +52,15 @@ class RichOutput(Output):
         self.console.print(head)
 
         table = Table(title="Operators")
-        for column in ("id", "uid", "name", "parallelism", "finished", "input state", "output state"):
-            table.add_column(column, overflow="fold")
+        table.add_column("operator (uid)", overflow="fold")
+        table.add_column("id", no_wrap=True)
+        for column in ("parallelism", "finished", "input state", "output state"):
+            table.add_column(column, no_wrap=True)
         for o in ops:
             cs = o["channel_state"]
             table.add_row(
+                f"{o['name'] or '?'}" + (f" ({o['uid']})" if o["uid"] else ""),
                 o["id"],
-                o["uid"] or "",
-                o["name"] or "",
                 f"{o['parallelism']} / {o['max_parallelism']}",
                 o["finished"],
                 f"{cs['input']['buffers']} buf, {_human_bytes(cs['input']['bytes'])}",

@@ -84,6 +84,17 @@ class Checkpoint:
             return join(self.uri, handle.relative_path)
         return None
 
+    def referenced_files(self) -> list[str]:
+        """Every file the metadata references, where it is now, without duplicates."""
+        found = (self.location(h) for h in iter_stream_handles(self.metadata))
+        return sorted({uri for uri in found if uri is not None})
+
+    def require_files(self) -> None:
+        """Fail with a clear error if a referenced file is missing."""
+        for uri in self.referenced_files():
+            if not self.io.exists(uri):
+                raise StorageError(f"{uri} is missing: the checkpoint's _metadata references it")
+
     def read_file(self, uri: str) -> bytes:
         if uri not in self._cache:
             self._cache[uri] = self.io.read(uri)
