@@ -6,7 +6,10 @@ without their 4-byte length fields; Flink's handle sizes include those, one per 
 
 from __future__ import annotations
 
+import re
+
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.model import INPUT, OUTPUT, OperatorState
 
 # Metadata v3-v6 store no upstream output-buffer state of their own: Flink 2.3 builds it at
@@ -39,10 +42,28 @@ def operator_summary(op: OperatorState) -> dict:
     }
 
 
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def properties_summary(raw: bytes | None) -> dict | None:
+    """CheckpointProperties (metadata v4+) with snake_case keys; None for older versions."""
+    if raw is None:
+        return None
+    decoded = read_java_object(raw)
+    snapshot_type = decoded.get("checkpointType") or {}
+    summary = {_snake(k): v for k, v in decoded.items() if isinstance(v, bool)}
+    summary["checkpoint_type"] = snapshot_type.get("name")
+    summary["sharing_files_strategy"] = snapshot_type.get("sharingFilesStrategy")
+    return summary
+
+
 def summarize(checkpoint: Checkpoint) -> dict:
     md = checkpoint.metadata
     return {
         "checkpoint_id": md.checkpoint_id,
         "metadata_version": md.version,
+        "properties": properties_summary(md.properties),
+        "master_states": [{"name": m.name, "version": m.version, "bytes": len(m.payload)} for m in md.master_states],
         "operators": [operator_summary(op) for op in md.operators],
     }

@@ -46,6 +46,10 @@ class RichOutput(Output):
         head = Table(title="Checkpoint", show_header=False)
         head.add_row("checkpoint id", str(summary["checkpoint_id"]))
         head.add_row("metadata version", str(summary["metadata_version"]))
+        props = summary.get("properties")
+        if props:
+            retained = "retained" if not props.get("discard_cancelled") else "discarded"
+            head.add_row("type", f"{props['checkpoint_type']} ({props['sharing_files_strategy']}, {retained} on cancel)")
         head.add_row("operators", str(len(ops)))
         for direction, (buffers, size) in totals.items():
             head.add_row(f"{direction} channel state", f"{buffers} buffers, {_human_bytes(size)}")

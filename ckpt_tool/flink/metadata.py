@@ -15,6 +15,7 @@ from typing import Optional
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.javaio import JavaReader, JavaWriter
+from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
@@ -107,8 +108,10 @@ class _MetadataReader:
         masters = [self.master_state() for _ in range(r.count("number of master states"))]
         operators = [self.operator_state() for _ in range(r.count("number of operator states"))]
         properties = r.rest() if self.version >= 4 else None
-        if self.version >= 4 and not properties:
-            r.fail("missing checkpoint properties")
+        if self.version >= 4:
+            if not properties:
+                r.fail("missing checkpoint properties")
+            read_java_object(properties)  # Flink deserializes them; a damaged stream fails here too
         if self.version < 4 and r.remaining:
             r.fail("trailing bytes after the operator states")
         return CheckpointMetadata(self.version, checkpoint_id, masters, operators, properties)

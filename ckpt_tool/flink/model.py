@@ -212,7 +212,16 @@ class ChannelStateHandle:
 
     @property
     def payload_bytes(self) -> int:
-        """Buffer payload bytes, without the 4-byte length before each buffer."""
+        """Buffer payload bytes, without the 4-byte length before each buffer, read from metadata only.
+
+        A file-backed handle's ``state_size`` is the sum of (4 + payload) over its buffers. An inline
+        handle (``ChannelStatePendingResult`` for small state) holds all its buffers merged into one,
+        its ``state_size`` is the whole inline blob including the file header, and the lengths are
+        right there in the metadata.
+        """
+        if isinstance(self.delegate, ByteStreamHandle):
+            data = self.delegate.data
+            return sum(int.from_bytes(data[o:o + 4], "big") for o in self.offsets)
         return self.state_size - 4 * len(self.offsets)
 
 
