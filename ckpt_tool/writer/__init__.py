@@ -26,19 +26,33 @@ def check_destination(dst: str) -> None:
 
 
 def relocate(src: Checkpoint, dst: str, progress: Progress = None) -> CheckpointMetadata:
-    """Copy a checkpoint to ``dst`` with every file it references, so that it restores from there.
+    """Copy a checkpoint to ``dst`` with every file it references, so that it restores from there."""
+    return write_checkpoint(src, copy.deepcopy(src.metadata), dst, {}, progress)
 
-    Files inside the checkpoint directory or its job directory (RocksDB's ``shared/``) are copied
-    to the same relative place under ``dst``; handles are re-pointed at the copies. Handles that
-    are relative to the checkpoint stay as they are. Files outside are left where they are.
+
+def write_checkpoint(
+    src: Checkpoint,
+    metadata: CheckpointMetadata,
+    dst: str,
+    new_files: dict[str, bytes],
+    progress: Progress = None,
+) -> CheckpointMetadata:
+    """Write ``metadata`` as a checkpoint at ``dst``.
+
+    ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
+    ``RelativeFileHandle``). Files of ``src`` that ``metadata`` still references and that lie inside
+    the source checkpoint or its job directory (RocksDB's ``shared/``) are copied to the same
+    relative place under ``dst`` and their handles re-pointed (``metadata`` is changed in place).
+    Files outside are left where they are. ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
-    metadata = copy.deepcopy(src.metadata)
     out = io_for(dst)
     job_dir = parent(src.uri)
     copies: dict[str, str] = {}
     for handle in iter_stream_handles(metadata):
+        if isinstance(handle, RelativeFileHandle) and handle.relative_path in new_files:
+            continue
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
             continue
         location = src.location(handle)
@@ -51,9 +65,11 @@ def relocate(src: Checkpoint, dst: str, progress: Progress = None) -> Checkpoint
         copies[location] = target
         if not isinstance(handle, RelativeFileHandle):
             handle.path = flink_path(target)
-    for done, (source, target) in enumerate(sorted(copies.items()), start=1):
-        out.write(target, src.io.read(source))
+    writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
+    writes += [(target, lambda source=source: src.io.read(source)) for source, target in sorted(copies.items())]
+    for done, (target, content) in enumerate(writes, start=1):
+        out.write(target, content())
         if progress:
-            progress(done, len(copies))
+            progress(done, len(writes))
     out.write(join(dst, METADATA_FILE), write_metadata(metadata))
     return metadata
