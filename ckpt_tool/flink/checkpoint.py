@@ -24,34 +24,36 @@ METADATA_FILE = "_metadata"
 class PathMapping:
     """Maps the absolute paths Flink wrote onto where the checkpoint is now.
 
-    Flink's handles hold absolute paths (``file:/…/<job>/chk-7/<uuid>``, ``…/<job>/shared/<uuid>``).
-    A checkpoint that was copied elsewhere keeps those paths; any path under the original job
-    directory is found at the same place under the checkpoint's current parent directory.
+    Flink's handles may hold absolute paths into the job's checkpoint directory:
+    ``…/<job>/chk-7/<uuid>`` (exclusive), ``…/<job>/shared/<uuid>`` (RocksDB incremental) and
+    ``…/<job>/taskowned/<uuid>``. A checkpoint copied elsewhere keeps those paths; the original
+    ``chk-<id>`` directory is found at the checkpoint's current location, and anything else under
+    the original job directory at the same place under the checkpoint's current parent.
     """
 
+    original_job_dir: str | None
     original_checkpoint_dir: str | None
     checkpoint_dir: str
 
     @staticmethod
     def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> "PathMapping":
-        pattern = re.compile(rf"^(.*/chk-{metadata.checkpoint_id})/[^/]+$")
+        pattern = re.compile(rf"^(.*)/(chk-{metadata.checkpoint_id}|shared|taskowned)/[^/]+$")
         for handle in iter_stream_handles(metadata):
             if isinstance(handle, (FileHandle, SegmentFileHandle)):
                 match = pattern.match(normalize_uri(handle.path))
                 if match:
-                    return PathMapping(match.group(1), checkpoint_dir)
-        return PathMapping(None, checkpoint_dir)
+                    job_dir = match.group(1)
+                    return PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)
+        return PathMapping(None, None, checkpoint_dir)
 
     def resolve(self, path: str) -> str:
         path = normalize_uri(path)
-        original = self.original_checkpoint_dir
-        if original is None or original == self.checkpoint_dir:
+        if self.original_job_dir is None or self.original_checkpoint_dir == self.checkpoint_dir:
             return path
-        if path.startswith(original + "/"):
-            return self.checkpoint_dir + path[len(original):]
-        original_job_dir = parent(original)
-        if path.startswith(original_job_dir + "/"):
-            return parent(self.checkpoint_dir) + path[len(original_job_dir):]
+        if path.startswith(self.original_checkpoint_dir + "/"):
+            return self.checkpoint_dir + path[len(self.original_checkpoint_dir):]
+        if path.startswith(self.original_job_dir + "/"):
+            return parent(self.checkpoint_dir) + path[len(self.original_job_dir):]
         return path
 
 

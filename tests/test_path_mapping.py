@@ -1,0 +1,28 @@
+from ckpt_tool.flink.checkpoint import PathMapping
+from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, KeyGroupsHandle, OperatorState, SubtaskState
+
+
+def metadata_with(*paths: str) -> CheckpointMetadata:
+    subtasks = [
+        SubtaskState(i, managed_keyed=KeyGroupsHandle(12, 0, [0], FileHandle(p, 1), "id")) for i, p in enumerate(paths)
+    ]
+    return CheckpointMetadata(6, 7, [], [OperatorState(bytes(16), len(paths), 128, subtasks=subtasks)], b"")
+
+
+def test_moved_checkpoint_resolves_exclusive_and_shared_files():
+    md = metadata_with("file:/old/job/chk-7/a", "file:/old/job/shared/b")
+    mapping = PathMapping.detect(md, "s3://bucket/new/job/chk-7")
+    assert mapping.resolve("file:/old/job/chk-7/a") == "s3://bucket/new/job/chk-7/a"
+    assert mapping.resolve("file:/old/job/shared/b") == "s3://bucket/new/job/shared/b"
+    assert mapping.resolve("file:/elsewhere/c") == "/elsewhere/c"
+
+
+def test_job_dir_found_from_shared_files_alone():
+    md = metadata_with("s3a://b/old/job/shared/x")
+    mapping = PathMapping.detect(md, "/local/copy/chk-7")
+    assert mapping.resolve("s3p://b/old/job/shared/x") == "/local/copy/shared/x"
+
+
+def test_checkpoint_in_place_is_identity():
+    md = metadata_with("file:/job/chk-7/a")
+    assert PathMapping.detect(md, "/job/chk-7").resolve("file:/job/chk-7/a") == "/job/chk-7/a"
