@@ -37,7 +37,7 @@ def test_relocated_checkpoint_restores_with_exact_count(fixture, tmp_path):
         # nothing but relative and inline handles: the metadata is carried over unchanged
         assert (destination / "_metadata").read_bytes() == fixture.metadata_file.read_bytes()
     count = flink_env.restore_count(
-        info["flink_version"], destination, info["parallelism"], n=info["n"], k=info["k"], backend=info["backend"]
+        info["flink_version"], destination, info["parallelism"], backend=info["backend"]
     )
     assert count == info["source_records"]
 
@@ -114,6 +114,6 @@ def test_channel_state_written_by_ckpt_restores_with_exact_count(fixture, tmp_pa
         assert len(split_records(inputs + outputs).records) == elements
 
     count = flink_env.restore_count(
-        info["flink_version"], destination, info["parallelism"], n=info["n"], k=info["k"], backend=info["backend"]
+        info["flink_version"], destination, info["parallelism"], backend=info["backend"]
     )
     assert count == info["source_records"]
