@@ -18,7 +18,6 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/ckpt inspect $(DEMO_CHECKPOINT)
-	$(BIN)/ckpt inspect --json $(DEMO_CHECKPOINT)
 
 test: setup
 	$(BIN)/python -m pytest -q -rs

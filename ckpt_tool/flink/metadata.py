@@ -203,6 +203,9 @@ class _MetadataReader:
             return EmptySegmentFileHandle()
         r.fail(f"unknown stream state handle type tag {tag}", at=at)
 
+    def key_range(self) -> tuple[int, int]:
+        return self.r.i32("start key group"), self.r.i32("number of key groups")
+
     def key_group_offsets(self) -> tuple[int, list[int]]:
         r = self.r
         start = r.i32("start key group")
@@ -224,7 +227,7 @@ class _MetadataReader:
             v2 = tag == INCREMENTAL_V2
             checkpoint_id = r.i64("checkpoint id")
             backend_id = r.utf("backend id")
-            start, num = r.i32("start key group"), r.i32("number of key groups")
+            start, num = self.key_range()
             checkpointed_size = r.i64("checkpointed size") if v2 else -1
             meta = self.stream_handle()
             shared = self.handle_and_local_paths()
@@ -234,7 +237,7 @@ class _MetadataReader:
                 tag, checkpoint_id, backend_id, start, num, checkpointed_size, meta, shared, private, handle_id
             )
         if tag in (CHANGELOG, CHANGELOG_V2):
-            start, num = r.i32("start key group"), r.i32("number of key groups")
+            start, num = self.key_range()
             checkpointed_size = r.i64("checkpointed size")
             materialized = [self.keyed_handle() for _ in range(r.count("materialized handles"))]
             non_materialized = [self.keyed_handle() for _ in range(r.count("changelog handles"))]
@@ -245,7 +248,7 @@ class _MetadataReader:
                 materialization_id, checkpoint_id, r.utf("state handle id"),
             )
         if tag == CHANGELOG_BYTE_INCREMENT:
-            start, num = r.i32("start key group"), r.i32("number of key groups")
+            start, num = self.key_range()
             seq_from, seq_to = r.i64("sequence number"), r.i64("sequence number")
             changes = []
             for _ in range(r.count("number of changes")):
@@ -253,7 +256,7 @@ class _MetadataReader:
                 changes.append(StateChange(key_group, r.raw(r.count("change length"), "change")))
             return InMemoryChangelogHandle(start, num, seq_from, seq_to, changes, r.utf("state handle id"))
         if tag in (CHANGELOG_FILE_INCREMENT, CHANGELOG_FILE_INCREMENT_V2):
-            start, num = r.i32("start key group"), r.i32("number of key groups")
+            start, num = self.key_range()
             parts = []
             for _ in range(r.count("number of changelog files")):
                 offset = r.i64("changelog offset")
@@ -468,6 +471,10 @@ class _MetadataWriter:
         else:
             raise TypeError(f"not a stream state handle: {type(h).__name__}")
 
+    def key_range(self, h) -> None:
+        self.w.i32(h.start_key_group)
+        self.w.i32(h.num_key_groups)
+
     def key_group_offsets(self, h: KeyGroupsHandle) -> None:
         self.w.i32(h.start_key_group)
         self.w.i32(len(h.offsets))
@@ -488,8 +495,7 @@ class _MetadataWriter:
             w.u8(h.tag)
             w.i64(h.checkpoint_id)
             w.utf(h.backend_id)
-            w.i32(h.start_key_group)
-            w.i32(h.num_key_groups)
+            self.key_range(h)
             if h.tag == INCREMENTAL_V2:
                 w.i64(h.checkpointed_size)
             self.stream_handle(h.meta)
@@ -499,8 +505,7 @@ class _MetadataWriter:
                 w.utf(h.handle_id or "")
         elif isinstance(h, ChangelogBackendHandle):
             w.u8(h.tag)
-            w.i32(h.start_key_group)
-            w.i32(h.num_key_groups)
+            self.key_range(h)
             w.i64(h.checkpointed_size)
             for group in (h.materialized, h.non_materialized):
                 w.i32(len(group))
@@ -512,8 +517,7 @@ class _MetadataWriter:
             w.utf(h.handle_id)
         elif isinstance(h, InMemoryChangelogHandle):
             w.u8(CHANGELOG_BYTE_INCREMENT)
-            w.i32(h.start_key_group)
-            w.i32(h.num_key_groups)
+            self.key_range(h)
             w.i64(h.sequence_from)
             w.i64(h.sequence_to)
             w.i32(len(h.changes))
@@ -524,8 +528,7 @@ class _MetadataWriter:
             w.utf(h.handle_id)
         elif isinstance(h, ChangelogStreamHandle):
             w.u8(h.tag)
-            w.i32(h.start_key_group)
-            w.i32(h.num_key_groups)
+            self.key_range(h)
             w.i32(len(h.handles_and_offsets))
             for stream, offset in h.handles_and_offsets:
                 w.i64(offset)
