@@ -12,7 +12,7 @@ import traceback
 import click
 
 from ckpt_tool import __version__
-from ckpt_tool.cli.output import output_for
+from ckpt_tool.cli.output import output_for, progress_bar
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 
 
@@ -23,17 +23,45 @@ def cli(verbose: bool) -> None:
     """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline."""
 
 
+def parse_conf(pairs: tuple[str, ...]) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--conf")
+        conf[key] = value
+    return conf
+
+
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def inspect(checkpoint: str, as_json: bool) -> None:
-    """Show what CHECKPOINT (a directory or s3:// URI) holds."""
+@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@click.option("--engine", type=click.Choice(["auto", "local", "spark"]), default="auto", show_default=True,
+              help="Where records are scanned: in-process, on Spark, or Spark for large checkpoints.")
+@click.option("--spark-master", help="Spark master URL (default local[*]).")
+@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
+def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> None:
+    """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
+
+    With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
+    histogram, misplaced records (outside the holding subtask's key groups) and duplicates.
+    """
+    from ckpt_tool.engine import engine_for
     from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.inspect import summarize
+    from ckpt_tool.inspect import channel_state_bytes, summarize
+    from ckpt_tool.records.schema import load_exchanges
 
     opened = Checkpoint.open(checkpoint)
     opened.require_files()
-    output_for(as_json).inspect(summarize(opened))
+    exchanges = runner = None
+    if schema or plan:
+        exchanges = load_exchanges(opened.metadata, schema, plan)
+        runner = engine_for(engine, channel_state_bytes(opened), spark_master, parse_conf(conf))
+    with progress_bar("scanning in-flight records", enabled=exchanges is not None and not as_json) as progress:
+        summary = summarize(opened, exchanges, runner, progress)
+    output_for(as_json).inspect(summary)
 
 
 def main(argv: list[str] | None = None) -> None:

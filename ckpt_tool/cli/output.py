@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+HISTOGRAM_BUCKETS = 32
+BAR_WIDTH = 40
 
 
 class Output(ABC):
@@ -17,19 +23,39 @@ class Output(ABC):
 
 class JsonOutput(Output):
     def _emit(self, value: dict) -> None:
-        sys.stdout.write(json.dumps(value, indent=2, sort_keys=False) + "\n")
+        sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
     def inspect(self, summary: dict) -> None:
         self._emit(summary)
 
 
-def _human_bytes(count: int) -> str:
+def human_bytes(count: int) -> str:
     size = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{count} B"
+
+
+def _buffers(figures: dict) -> str:
+    return f"{figures['buffers']} buf, {human_bytes(figures['bytes'])}"
+
+
+def histogram_rows(histogram: dict[str, int], max_parallelism: int) -> list[tuple[str, int, str]]:
+    """Key groups in at most HISTOGRAM_BUCKETS ranges: (label, records, bar)."""
+    width = max(1, -(-max_parallelism // HISTOGRAM_BUCKETS))
+    buckets: dict[int, int] = {}
+    for key_group, count in histogram.items():
+        buckets[int(key_group) // width] = buckets.get(int(key_group) // width, 0) + count
+    peak = max(buckets.values(), default=0)
+    rows = []
+    for bucket in range(-(-max_parallelism // width)):
+        count = buckets.get(bucket, 0)
+        low, high = bucket * width, min(max_parallelism, (bucket + 1) * width) - 1
+        bar = "█" * (round(BAR_WIDTH * count / peak) if peak else 0)
+        rows.append((f"{low}-{high}" if high > low else str(low), count, bar))
+    return rows
 
 
 class RichOutput(Output):
@@ -39,10 +65,17 @@ class RichOutput(Output):
 
     def inspect(self, summary: dict) -> None:
         ops = summary["operators"]
-        totals = {
-            d: (sum(o["channel_state"][d]["buffers"] for o in ops), sum(o["channel_state"][d]["bytes"] for o in ops))
-            for d in ("input", "output")
-        }
+        self._summary(summary)
+        self._operators(ops)
+        self._channels(ops)
+        self._files(summary["files"])
+        names = {o["id"]: o["name"] or o["uid"] or o["id"][:8] for o in ops}
+        max_parallelism = {o["id"]: o["max_parallelism"] for o in ops}
+        for exchange in summary.get("exchanges", []):
+            self._exchange(exchange, names, max_parallelism.get(exchange["downstream"], 128))
+
+    def _summary(self, summary: dict) -> None:
+        ops = summary["operators"]
         head = Table(title="Checkpoint", show_header=False)
         head.add_row("checkpoint id", str(summary["checkpoint_id"]))
         head.add_row("metadata version", str(summary["metadata_version"]))
@@ -50,28 +83,109 @@ class RichOutput(Output):
         if props:
             retained = "retained" if not props.get("discard_cancelled") else "discarded"
             head.add_row("type", f"{props['checkpoint_type']} ({props['sharing_files_strategy']}, {retained} on cancel)")
-        head.add_row("operators", str(len(ops)))
-        for direction, (buffers, size) in totals.items():
-            head.add_row(f"{direction} channel state", f"{buffers} buffers, {_human_bytes(size)}")
+        head.add_row("operators", f"{len(ops)} ({sum(o['finished'] == 'all' for o in ops)} finished)")
+        for direction in ("input", "output"):
+            buffers = sum(o["channel_state"][direction]["buffers"] for o in ops)
+            size = sum(o["channel_state"][direction]["bytes"] for o in ops)
+            head.add_row(f"{direction} channel state", f"{buffers} buffers, {human_bytes(size)}")
+        if "engine" in summary:
+            head.add_row("record scan", summary["engine"])
         self.console.print(head)
 
+    def _operators(self, ops: list[dict]) -> None:
         table = Table(title="Operators")
         table.add_column("operator (uid)", overflow="fold")
         table.add_column("id", no_wrap=True)
-        for column in ("parallelism", "finished", "input state", "output state"):
+        for column in ("parallelism", "finished", "keyed", "operator", "input state", "output state"):
             table.add_column(column, no_wrap=True)
         for o in ops:
-            cs = o["channel_state"]
+            sizes = o["state_size"]
             table.add_row(
                 f"{o['name'] or '?'}" + (f" ({o['uid']})" if o["uid"] else ""),
                 o["id"],
                 f"{o['parallelism']} / {o['max_parallelism']}",
                 o["finished"],
-                f"{cs['input']['buffers']} buf, {_human_bytes(cs['input']['bytes'])}",
-                f"{cs['output']['buffers']} buf, {_human_bytes(cs['output']['bytes'])}",
+                human_bytes(sizes["keyed"]),
+                human_bytes(sizes["operator"]),
+                _buffers(o["channel_state"]["input"]),
+                _buffers(o["channel_state"]["output"]),
             )
         self.console.print(table)
+
+    def _channels(self, ops: list[dict]) -> None:
+        table = Table(title="Channel state per subtask and channel")
+        for column in ("operator", "subtask", "direction", "channel", "buffers", "bytes", "file"):
+            table.add_column(column, overflow="fold")
+        for o in ops:
+            for s in o["subtasks"]:
+                for ch in s["channels"]:
+                    if ch["direction"] == "input":
+                        where = f"gate {ch['gate']}, channel {ch['channel']}"
+                    else:
+                        where = f"partition {ch['partition']}, subpartition {ch['subpartition']}"
+                    file = ch["file"].rsplit("/", 1)[-1] if ch["file"] else "inline"
+                    table.add_row(o["name"] or o["id"][:8], str(s["index"]), ch["direction"], where,
+                                  str(ch["buffers"]), human_bytes(ch["bytes"]), file)
+        if table.row_count:
+            self.console.print(table)
+
+    def _files(self, files: dict) -> None:
+        table = Table(title="Files", show_header=False)
+        table.add_row("referenced files", f"{files['count']} ({human_bytes(files['bytes'])})")
+        table.add_row("size min / median / max", " / ".join(
+            human_bytes(files[k]) for k in ("min_bytes", "median_bytes", "max_bytes")))
+        table.add_row(f"small files (< {human_bytes(files['small_file_limit_bytes'])})", str(files["small_files"]))
+        table.add_row("inline state in _metadata", human_bytes(files["inline_bytes"]))
+        table.add_row("channel-state files", str(files["channel_state_files"]))
+        for shared in files["shared_channel_state_files"]:
+            table.add_row("  shared by subtasks", f"{shared['file'].rsplit('/', 1)[-1]}: {shared['subtasks']}")
+        self.console.print(table)
+
+    def _exchange(self, ex: dict, names: dict, max_parallelism: int) -> None:
+        up = names.get(ex["upstream"], "?") if ex["upstream"] else "?"
+        title = f"Exchange {up} → {names.get(ex['downstream'], '?')} (gate {ex['gate']}, {ex['partitioner'] or '?'})"
+        if not ex["channels"]:
+            self.console.print(f"{title}: no in-flight data")
+            return
+        table = Table(title=title)
+        for column in ("upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"):
+            table.add_column(column, no_wrap=True)
+        for ch in ex["channels"]:
+            table.add_row(str(ch["upstream_subtask"]), str(ch["downstream_subtask"]),
+                          f"{ch['input_buffers']} / {ch['output_buffers']}", human_bytes(ch["bytes"]),
+                          str(ch["records"]), str(ch["watermarks"]), str(ch["other_elements"]),
+                          "-" if ch["misplaced_records"] is None else str(ch["misplaced_records"]))
+        self.console.print(table)
+        line = f"records {ex['records']}, watermarks {ex['watermarks']}, other elements {ex['other_elements']}"
+        if ex["keyed"]:
+            line += f", misplaced {ex['misplaced_records']}, duplicates {ex['duplicate_records']}"
+            self.console.print(line)
+            histogram = Table(title="Key-group histogram", show_header=True)
+            histogram.add_column("key groups", no_wrap=True)
+            histogram.add_column("records", justify="right")
+            histogram.add_column("", no_wrap=True)
+            for label, count, bar in histogram_rows(ex["key_group_histogram"], max_parallelism):
+                histogram.add_row(label, str(count), bar)
+            self.console.print(histogram)
+        else:
+            self.console.print(line)
 
 
 def output_for(as_json: bool) -> Output:
     return JsonOutput() if as_json else RichOutput()
+
+
+@contextmanager
+def progress_bar(description: str, enabled: bool = True) -> Iterator[Optional[callable]]:
+    """A Rich progress bar on a terminal (stderr); elsewhere no bar and a None callback."""
+    if not (enabled and sys.stderr.isatty()):
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update

@@ -29,12 +29,16 @@ _LENGTH = struct.Struct(">i")
 
 def read_buffers(checkpoint: Checkpoint, handle: ChannelStateHandle) -> list[bytes]:
     """The payloads of a channel handle's buffers, in order."""
-    data = checkpoint.handle_bytes(handle.delegate)
     where = checkpoint.location(handle.delegate) or "inline channel state"
+    return split_buffers(checkpoint.handle_bytes(handle.delegate), handle.offsets, where)
+
+
+def split_buffers(data: bytes, offsets: list[int], where: str) -> list[bytes]:
+    """Cut a channel-state file's bytes into the buffers at ``offsets``."""
     if len(data) < len(HEADER) or data[: len(HEADER)] != HEADER:
         raise CheckpointFormatError(f"{where}: not a channel-state file (bad header)")
     buffers = []
-    for offset in handle.offsets:
+    for offset in offsets:
         if offset < len(HEADER) or offset + 4 > len(data):
             raise CheckpointFormatError(f"{where}: buffer offset {offset} is outside the file ({len(data)} bytes)")
         (length,) = _LENGTH.unpack_from(data, offset)

@@ -1,0 +1,260 @@
+"""Telling ckpt what flows where: exchanges from a schema file (TOML) and Flink's plan JSON.
+
+An *exchange* is one input of a downstream job vertex: the downstream operator (head of its
+chain, which holds input-channel state) reads gate ``gate`` from the upstream operator (tail of
+its chain, which holds result-subpartition state) through partition ``partition``.
+
+Schema file::
+
+    [[exchange]]
+    upstream = "map-main"          # uid, name or 32-hex-digit operator id
+    downstream = "slow-count"
+    gate = 0                       # default 0, or the plan's input number
+    partition = 0                  # default 0
+    partitioner = "HASH"           # HASH, FORWARD, REBALANCE, RESCALE, BROADCAST, CUSTOM
+    type = "tuple<long,string>"    # the record type (see ckpt_tool.records.types)
+    key = ["f0"]                   # key fields: one field is the key itself, several a TupleN
+    # decoder = "my_module:key_of" # instead of type/key: a function(value: bytes) -> int key hash,
+    #                               # or (int key hash, printable key)
+
+The plan is Flink's REST ``/jobs/<id>/plan`` JSON: its nodes are job vertices whose ids are the
+ids of their head operators; each input names the upstream vertex, its number (the gate) and its
+ship strategy (the partitioner).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.records.keys import binary_row_hash, java_hash
+from ckpt_tool.records.types import DataType, build_binary_row, parse_type, to_json
+
+PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "BROADCAST", "CUSTOM", "GLOBAL")
+
+
+class SchemaError(CkptError):
+    """A schema or plan file that does not fit the checkpoint."""
+
+
+@dataclass
+class Exchange:
+    """One exchange, with what is known about its records. Picklable (it travels to Spark)."""
+
+    upstream_id: Optional[str]
+    downstream_id: str
+    gate: int = 0
+    partition: int = 0
+    partitioner: Optional[str] = None  # None: not stated (a keyed exchange is HASH)
+    record_type: Optional[str] = None
+    key: tuple[Any, ...] = ()
+    decoder: Optional[str] = None
+    name: str = ""
+
+    @property
+    def keyed(self) -> bool:
+        return self.partitioner in (None, "HASH") and bool(self.key or self.decoder)
+
+    def key_function(self) -> Optional[Callable[[bytes, int], tuple[int, Any]]]:
+        """A function of (element bytes, value offset) -> (Java hash of the key, printable key)."""
+        if self.decoder:
+            return _plugin(self.decoder)
+        if not self.record_type or not self.key:
+            return None
+        return _key_extractor(parse_type(self.record_type), self.key)
+
+
+def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
+    module_name, _, function_name = reference.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SchemaError(f"cannot load decoder {reference!r}: {exc}") from exc
+
+    def extract(raw: bytes, offset: int) -> tuple[int, Any]:
+        result = function(bytes(raw[offset:]))
+        return (result, result) if isinstance(result, int) else (int(result[0]), result[1])
+
+    return extract
+
+
+def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[bytes, int], tuple[int, Any]]:
+    from ckpt_tool.records.types import decode_value
+
+    if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
+        if list(key) not in (["value"], ["*"]):
+            raise SchemaError(f"records of type {value_type} have no fields; use key = [\"value\"]")
+
+        def whole(raw: bytes, offset: int) -> tuple[int, Any]:
+            value, _ = decode_value(value_type, raw, offset)
+            return java_hash(value_type, value), to_json(value_type, value)
+
+        return whole
+    indices = [value_type.field_index(k) for k in key]
+    types = tuple(value_type.fields[i] for i in indices)
+
+    def fields_of(value: Any) -> list[Any]:
+        if value_type.name == "pojo":
+            return [value[value_type.field_names[i]] for i in indices]
+        if value_type.name == "row":
+            return [value.fields[i] for i in indices]
+        if value_type.name == "binary_row":
+            return [value.get(i) for i in indices]
+        return [value[i] for i in indices]
+
+    def extract(raw: bytes, offset: int) -> tuple[int, Any]:
+        value, _ = decode_value(value_type, raw, offset)
+        fields = fields_of(value)
+        if value_type.name == "binary_row":  # SQL key selectors project into a new BinaryRowData
+            return binary_row_hash(build_binary_row(types, fields).data), [to_json(t, f) for t, f in zip(types, fields)]
+        if len(fields) == 1:
+            return java_hash(types[0], fields[0]), to_json(types[0], fields[0])
+        tuple_type = DataType("tuple", types)
+        return java_hash(tuple_type, tuple(fields)), to_json(tuple_type, tuple(fields))
+
+    return extract
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def _resolve(metadata: CheckpointMetadata, ref: Any, what: str) -> str:
+    try:
+        return metadata.operator(str(ref)).id_hex
+    except KeyError:
+        raise SchemaError(f"{what} operator {ref!r} is not in the checkpoint (use its uid, name or id)") from None
+
+
+def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SchemaError(f"cannot read schema {path}: {exc}") from exc
+    exchanges = []
+    for index, entry in enumerate(document.get("exchange", [])):
+        where = f"schema {path}, exchange {index + 1}"
+        if "downstream" not in entry:
+            raise SchemaError(f"{where}: 'downstream' is required")
+        partitioner = str(entry["partitioner"]).upper() if "partitioner" in entry else None
+        if partitioner is not None and partitioner not in PARTITIONERS:
+            raise SchemaError(f"{where}: unknown partitioner {partitioner!r}")
+        record_type = entry.get("type")
+        if record_type:
+            parse_type(record_type)  # fail early on a bad expression
+        key = entry.get("key", ())
+        exchanges.append(
+            Exchange(
+                upstream_id=_resolve(metadata, entry["upstream"], "upstream") if "upstream" in entry else None,
+                downstream_id=_resolve(metadata, entry["downstream"], "downstream"),
+                gate=int(entry.get("gate", 0)),
+                partition=int(entry.get("partition", 0)),
+                partitioner=partitioner,
+                record_type=record_type,
+                key=tuple(key if isinstance(key, list) else [key]),
+                decoder=entry.get("decoder"),
+                name=entry.get("name", ""),
+            )
+        )
+    return exchanges
+
+
+def _chain_names(description: str) -> list[str]:
+    return [re.sub(r"^[\s+\-]*", "", part).strip() for part in description.split("<br/>") if part.strip()]
+
+
+def _output_fits(op: OperatorState, parallelism: int, downstream_parallelism: int) -> bool:
+    """Could ``op`` be the tail of a vertex of ``parallelism`` feeding ``downstream_parallelism``?"""
+    if op.parallelism != parallelism:
+        return False
+    subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT)]
+    return bool(subpartitions) and max(subpartitions) < downstream_parallelism
+
+
+def _tails(plan: dict, metadata: CheckpointMetadata) -> dict[str, Optional[str]]:
+    """The id of the last operator of each plan node's chain, where it can be told.
+
+    By name where the metadata has names (v5+); else a node whose chain is one operator is its
+    own tail; else, among the operators with output state, the one that alone fits the node
+    (same parallelism, subpartitions within every downstream's parallelism) once the others
+    are placed. Unknown tails stay None.
+    """
+    nodes = {node["id"]: node for node in plan["nodes"]}
+    consumers: dict[str, list[int]] = {}
+    for node in plan["nodes"]:
+        for edge in node.get("inputs", []):
+            consumers.setdefault(edge["id"], []).append(int(node.get("parallelism", 0)))
+    tails: dict[str, Optional[str]] = {}
+    for node_id, node in nodes.items():
+        names = _chain_names(node.get("description", ""))
+        by_name = [op.id_hex for op in metadata.operators if names and op.name == names[-1]]
+        if by_name:
+            tails[node_id] = by_name[0]
+        elif len(names) <= 1 and any(op.id_hex == node_id for op in metadata.operators):
+            tails[node_id] = node_id
+        else:
+            tails[node_id] = None
+    progress = True
+    while progress:
+        progress = False
+        taken = {t for t in tails.values() if t}
+        for node_id, tail in tails.items():
+            if tail or node_id not in consumers:
+                continue
+            fits = [
+                op.id_hex for op in metadata.operators
+                if op.id_hex not in taken and (op.id_hex == node_id or op.id_hex not in nodes)
+                and _output_fits(op, int(nodes[node_id].get("parallelism", 0)), min(consumers[node_id]))
+            ]
+            if len(fits) == 1:
+                tails[node_id] = fits[0]
+                progress = True
+                break
+    return tails
+
+
+def load_plan(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+        tails = _tails(plan, metadata)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SchemaError(f"cannot read plan {path}: {exc}") from exc
+    exchanges = []
+    for node in plan["nodes"]:
+        for edge in node.get("inputs", []):
+            exchanges.append(
+                Exchange(
+                    upstream_id=tails.get(edge["id"]),
+                    downstream_id=node["id"],
+                    gate=int(edge.get("num", 0)),
+                    partition=0,
+                    partitioner=str(edge.get("ship_strategy", "HASH")).upper(),
+                )
+            )
+    return exchanges
+
+
+def merge_exchanges(from_plan: list[Exchange], from_schema: list[Exchange]) -> list[Exchange]:
+    """Plan exchanges, with the schema's facts laid over the one with the same downstream and gate."""
+    merged = {(e.downstream_id, e.gate): e for e in from_plan}
+    for entry in from_schema:
+        base = merged.get((entry.downstream_id, entry.gate))
+        if base is not None:
+            entry.upstream_id = entry.upstream_id or base.upstream_id
+            entry.partitioner = entry.partitioner or base.partitioner
+        merged[(entry.downstream_id, entry.gate)] = entry
+    return list(merged.values())
+
+
+def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[str]) -> list[Exchange]:
+    """The exchanges a plan and/or a schema file describe (schema facts win)."""
+    from_plan = load_plan(plan, metadata) if plan else []
+    from_schema = load_schema(schema, metadata) if schema else []
+    return merge_exchanges(from_plan, from_schema)
