@@ -1,0 +1,59 @@
+"""Record scans on real fixtures: the figures of Flink's own deserializers, on both engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt_tool.engine import LocalEngine, SparkEngine
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.inspect import exchanges_summary
+from ckpt_tool.records.schema import load_exchanges
+from conftest import FIXTURES
+
+
+def schema_for(fixture):
+    own = fixture.directory / "schema.toml"
+    return str(own if own.exists() else FIXTURES / "countjob.schema.toml")
+
+
+@pytest.fixture(scope="session")
+def spark_engine():
+    engine = SparkEngine("local[2]")
+    yield engine
+    if engine._session is not None:
+        engine._session.stop()
+
+
+def scan(fixture, engine):
+    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    exchanges = load_exchanges(checkpoint.metadata, schema_for(fixture), str(fixture.directory / "plan.json"))
+    return exchanges_summary(checkpoint, exchanges, engine)
+
+
+def test_records_per_channel_match_flink(fixture):
+    expected = {
+        (c["upstream"], c["downstream"], c["upstream_subtask"], c["downstream_subtask"]): c
+        for c in fixture.expected["logical_channels"]
+        if c["input_buffers"] or c["output_buffers"]
+    }
+    got = {}
+    for exchange in scan(fixture, LocalEngine()):
+        for ch in exchange["channels"]:
+            key = (exchange["upstream"], exchange["downstream"], ch["upstream_subtask"], ch["downstream_subtask"])
+            got[key] = ch
+            assert ch["partial_bytes"] == 0
+    assert set(got) == set(expected)
+    for key, want in expected.items():
+        figures = {k: got[key][k] for k in ("input_buffers", "output_buffers", "records", "watermarks", "other_elements")}
+        assert figures == {k: want[k] for k in figures}, key
+
+
+def test_keyed_records_sit_in_their_subtasks_key_groups(fixture):
+    for exchange in scan(fixture, LocalEngine()):
+        if exchange["keyed"] and not fixture.info.get("restored_from"):
+            assert exchange["misplaced_records"] == 0 and exchange["duplicate_records"] == 0
+            assert sum(exchange["key_group_histogram"].values()) == exchange["records"]
+
+
+def test_spark_and_local_engines_agree(fixture, spark_engine):
+    assert scan(fixture, spark_engine) == scan(fixture, LocalEngine())
