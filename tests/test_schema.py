@@ -1,0 +1,77 @@
+"""Schema files, plans and plug-ins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckpt_tool.engine import LocalEngine
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.inspect import exchanges_summary
+from ckpt_tool.records.schema import SchemaError, load_exchanges
+from cli_util import run_ckpt
+from conftest import ALL_FIXTURES, FIXTURES
+
+FIXTURE = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")
+MAIN = "5ff73b99d0669153bf2feac805d152ac"
+SLOW = "0a6c3d247193df04622ad9b3b66741a5"
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "schema.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def summary(schema: str, plan: str | None = None) -> list[dict]:
+    checkpoint = Checkpoint.open(str(FIXTURE.checkpoint))
+    return exchanges_summary(checkpoint, load_exchanges(checkpoint.metadata, schema, plan), LocalEngine())
+
+
+def test_plugin_gives_the_same_key_groups_as_the_typed_schema(tmp_path):
+    typed = summary(write(tmp_path, f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n'))
+    plugin = summary(write(tmp_path, f'[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\ndecoder = "key_plugins:tuple2_long_key"\n'))
+    for key in ("records", "key_group_histogram", "misplaced_records", "duplicate_records"):
+        assert plugin[0][key] == typed[0][key]
+    assert typed[0]["records"] > 0
+
+
+def test_plan_alone_counts_records_without_keys():
+    [main, small, rebalance] = sorted(summary(None, str(FIXTURE.directory / "plan.json")), key=lambda e: (e["downstream"], e["gate"]))
+    assert main["upstream"] == MAIN and main["partitioner"] == "HASH" and main["records"] > 0
+    assert main["key_group_histogram"] is None and main["misplaced_records"] is None
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[[exchange]]\nupstream = "x"\n', "'downstream' is required"),
+        ('[[exchange]]\ndownstream = "nope"\n', "downstream operator 'nope' is not in the checkpoint"),
+        ('[[exchange]]\ndownstream = "slow-count"\ntype = "tuple<long"\n', "ends too early"),
+        ('[[exchange]]\ndownstream = "slow-count"\npartitioner = "MAGIC"\n', "unknown partitioner"),
+        ("[[exchange\n", "cannot read schema"),
+        ('[[exchange]]\ndownstream = "slow-count"\ndecoder = "no_such_module:f"\n', "cannot load decoder"),
+    ],
+)
+def test_schema_errors_are_clean(capsys, tmp_path, text, message):
+    code, out, err = run_ckpt(capsys, "inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, text))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert message in err
+
+
+def test_inspect_with_schema_json(capsys):
+    code, out, err = run_ckpt(
+        capsys, "inspect", "--json", str(FIXTURE.checkpoint),
+        "--schema", str(FIXTURES / "countjob.schema.toml"), "--plan", str(FIXTURE.directory / "plan.json"),
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["engine"] == "local"
+    keyed = [e for e in result["exchanges"] if e["keyed"] and e["records"]]
+    assert keyed and all(e["misplaced_records"] == 0 and e["duplicate_records"] == 0 for e in keyed)
+
+
+def test_inspect_with_schema_tables(capsys):
+    code, out, _ = run_ckpt(capsys, "inspect", str(FIXTURE.checkpoint), "--schema", str(FIXTURES / "countjob.schema.toml"))
+    assert code == 0 and "Key-group histogram" in out and "misplaced 0, duplicates 0" in out
