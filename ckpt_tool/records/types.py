@@ -178,7 +178,7 @@ def build_binary_row(types: tuple[DataType, ...], values: list[Any], kind: int =
             bit = index + 8
             fixed[bit >> 3] |= 1 << (bit & 7)
         elif name in _LE_FIXED:
-            _LE_FIXED[name].pack_into(fixed, slot, value)
+            _LE_FIXED[name].pack_into(fixed, slot, float(value) if name in ("double", "float") else value)
         elif name == "boolean":
             fixed[slot] = 1 if value else 0
         elif name in ("string", "bytes"):
