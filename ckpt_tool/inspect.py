@@ -13,7 +13,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Optional
 
-from ckpt_tool.engine import Engine, Progress
+from ckpt_tool.engine import Progress, duplicates_per_exchange
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.metadata import iter_stream_handles
@@ -154,11 +154,12 @@ def properties_summary(raw: bytes | None) -> dict | None:
 
 
 def exchanges_summary(
-    checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, progress: Progress = None
+    checkpoint: Checkpoint, exchanges: list[Exchange], engine, progress: Progress = None
 ) -> list[dict]:
     """Records per channel, key-group histograms, misplaced and duplicate records per exchange."""
     tasks = channel_tasks(checkpoint, exchanges)
-    results, duplicates = engine.scan(tasks, exchanges, progress)
+    results, holders = engine.scan(tasks, exchanges, progress)
+    duplicates = duplicates_per_exchange(holders)
     by_exchange = defaultdict(list)
     for stats in results:
         by_exchange[stats.exchange_index].append(stats)
@@ -216,7 +217,7 @@ def exchanges_summary(
 def summarize(
     checkpoint: Checkpoint,
     exchanges: Optional[list[Exchange]] = None,
-    engine: Optional[Engine] = None,
+    engine=None,
     progress: Progress = None,
 ) -> dict:
     md = checkpoint.metadata

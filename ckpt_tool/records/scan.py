@@ -142,14 +142,3 @@ def _key_function(exchange: Exchange):
     if ident not in _KEY_FUNCTIONS:
         _KEY_FUNCTIONS[ident] = exchange.key_function()
     return _KEY_FUNCTIONS[ident]
-
-
-def count_duplicates(digests_by_subtask) -> int:
-    """Record copies beyond the first, over digests held by more than one subtask.
-
-    ``digests_by_subtask`` yields (digest, downstream subtask) pairs of one exchange.
-    """
-    holders: dict[bytes, set[int]] = {}
-    for digest, subtask in digests_by_subtask:
-        holders.setdefault(digest, set()).add(subtask)
-    return sum(len(s) - 1 for s in holders.values() if len(s) > 1)

@@ -36,11 +36,12 @@ def write_checkpoint(
     dst: str,
     new_files: dict[str, bytes],
     progress: Progress = None,
+    already_written: frozenset[str] = frozenset(),
 ) -> CheckpointMetadata:
     """Write ``metadata`` as a checkpoint at ``dst``.
 
     ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
-    ``RelativeFileHandle``). Files of ``src`` that ``metadata`` still references and that lie inside
+    ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there. Files of ``src`` that ``metadata`` still references and that lie inside
     the source checkpoint or its job directory (RocksDB's ``shared/``) are copied to the same
     relative place under ``dst`` and their handles re-pointed (``metadata`` is changed in place).
     Files outside are left where they are. ``_metadata`` is written last.
@@ -51,7 +52,9 @@ def write_checkpoint(
     job_dir = parent(src.uri)
     copies: dict[str, str] = {}
     for handle in iter_stream_handles(metadata):
-        if isinstance(handle, RelativeFileHandle) and handle.relative_path in new_files:
+        if isinstance(handle, RelativeFileHandle) and (
+            handle.relative_path in new_files or handle.relative_path in already_written
+        ):
             continue
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
             continue

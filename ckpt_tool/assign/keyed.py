@@ -1,0 +1,85 @@
+"""Keyed state for a new parallelism.
+
+Each new subtask owns the key-group range ``KeyGroupRangeAssignment`` gives it and receives the
+intersection of every old handle with that range, as ``StateAssignmentOperation`` computes it:
+a key-groups handle (hashmap) is cut to the range with its offsets; an incremental RocksDB
+handle is shared whole by every new subtask whose range it overlaps (RocksDB clips on restore).
+
+``_metadata`` holds one keyed handle per subtask. Where a new subtask needs several old handles,
+they go into one ``ChangelogStateBackendHandle`` as its materialized part with no changelog:
+a job without the changelog backend restores it through Flink's
+``DeactivatedChangelogStateBackend``, which restores the materialized handles with rescaling.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.metadata import CHANGELOG_V2
+from ckpt_tool.flink.model import ChangelogBackendHandle, IncrementalKeyedHandle, KeyGroupsHandle
+from ckpt_tool.records.keys import key_group_range
+
+
+class KeyedStateError(CkptError):
+    """Keyed state that ckpt cannot reassign."""
+
+
+def _pieces(handle) -> list:
+    """The handles a keyed handle stands for (a changelog handle's materialized part)."""
+    if handle is None:
+        return []
+    if isinstance(handle, ChangelogBackendHandle):
+        if handle.non_materialized:
+            raise KeyedStateError("keyed state with changelog deltas cannot be reassigned offline")
+        return [p for inner in handle.materialized for p in _pieces(inner)]
+    if isinstance(handle, (KeyGroupsHandle, IncrementalKeyedHandle)):
+        return [handle]
+    raise KeyedStateError(f"cannot reassign keyed state held in a {type(handle).__name__}")
+
+
+def _intersection(handle, wanted: range):
+    if isinstance(handle, KeyGroupsHandle):
+        low = max(wanted.start, handle.start_key_group)
+        high = min(wanted.stop, handle.start_key_group + len(handle.offsets))
+        if low >= high:
+            return None
+        offsets = handle.offsets[low - handle.start_key_group:high - handle.start_key_group]
+        return KeyGroupsHandle(handle.tag, low, offsets, handle.delegate, handle.handle_id)
+    own = handle.key_groups
+    return handle if max(own.start, wanted.start) < min(own.stop, wanted.stop) else None
+
+
+def _size(handle) -> int:
+    if isinstance(handle, IncrementalKeyedHandle):
+        return max(handle.checkpointed_size, 0)
+    return handle.delegate.size if handle.delegate else 0
+
+
+def reassign_keyed(
+    old_handles: list, max_parallelism: int, new_parallelism: int, checkpoint_id: int
+) -> list[Optional[object]]:
+    """One keyed handle (or None) per new subtask, from the old subtasks' handles."""
+    pieces = [p for h in old_handles for p in _pieces(h)]
+    result = []
+    for index in range(new_parallelism):
+        wanted = key_group_range(max_parallelism, new_parallelism, index)
+        parts = [part for part in (_intersection(p, wanted) for p in pieces) if part is not None]
+        if len(parts) <= 1:
+            result.append(parts[0] if parts else None)
+            continue
+        result.append(
+            ChangelogBackendHandle(
+                tag=CHANGELOG_V2,
+                start_key_group=wanted.start,
+                num_key_groups=len(wanted),
+                checkpointed_size=sum(_size(p) for p in parts),
+                materialized=parts,
+                non_materialized=[],
+                materialization_id=0,
+                checkpoint_id=checkpoint_id,
+                handle_id=str(uuid.uuid4()),
+            )
+        )
+    return result

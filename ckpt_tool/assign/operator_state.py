@@ -1,0 +1,91 @@
+"""Operator state for a new parallelism, as ``RoundRobinOperatorStateRepartitioner`` does.
+
+Each state has a distribution mode: SPLIT_DISTRIBUTE (the list elements of all old subtasks are
+dealt out, consecutive runs to consecutive new subtasks), UNION (every new subtask gets every
+element) or BROADCAST (new subtask i gets old subtask i mod old parallelism's copy).
+
+``_metadata`` holds one operator-state handle per subtask, so a new subtask's elements are
+written into one new state file: the old files' common header (the serialization proxy that
+describes the states, everything before the first element) followed by the elements.
+An element runs from its offset to the next offset in its file, or to the end.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import ByteStreamHandle, OperatorStateHandle, OperatorStateInfo, RelativeFileHandle
+
+SPLIT_DISTRIBUTE, UNION, BROADCAST = 0, 1, 2
+INLINE_LIMIT = 20 * 1024  # Flink's default execution.checkpointing.data-inline-threshold
+
+
+class OperatorStateError(CkptError):
+    """Operator state that ckpt cannot reassign."""
+
+
+def _split(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
+    """(header, elements per state name) of one operator-state file."""
+    ends = sorted({o for s in handle.states for o in s.offsets} | {len(data)})
+    following = {start: end for start, end in zip(ends, ends[1:])}
+    header = data[: ends[0]] if len(ends) > 1 else data
+    return header, {s.name: [data[o:following[o]] for o in s.offsets] for s in handle.states}
+
+
+def reassign_operator_state(
+    checkpoint: Checkpoint, handles: list[Optional[OperatorStateHandle]], new_parallelism: int, file_prefix: str
+) -> tuple[list[Optional[OperatorStateHandle]], dict[str, bytes]]:
+    """New handles (one per new subtask, or None) and the new files they reference."""
+    old = [h for h in handles if h is not None]
+    if not old:
+        return [None] * new_parallelism, {}
+    if any(h.tag != 4 for h in old):
+        raise OperatorStateError("file-merging operator state cannot be reassigned offline")
+    headers, elements, modes = set(), [], {}
+    for handle in old:
+        header, by_name = _split(checkpoint.handle_bytes(handle.delegate), handle)
+        headers.add(header)
+        elements.append(by_name)
+        for state in handle.states:
+            modes.setdefault(state.name, state.mode)
+    if len(headers) != 1:
+        raise OperatorStateError("old subtasks describe their operator state differently; cannot merge it")
+    header = headers.pop()
+    per_subtask: list[dict[str, list[bytes]]] = [{name: [] for name in modes} for _ in range(new_parallelism)]
+    for name, mode in modes.items():
+        if mode == SPLIT_DISTRIBUTE:
+            items = [e for by_name in elements for e in by_name.get(name, [])]
+            base, extra = divmod(len(items), new_parallelism)
+            start = 0
+            for index in range(new_parallelism):
+                count = base + (1 if index < extra else 0)
+                per_subtask[index][name] = items[start:start + count]
+                start += count
+        elif mode == UNION:
+            items = [e for by_name in elements for e in by_name.get(name, [])]
+            for target in per_subtask:
+                target[name] = list(items)
+        elif mode == BROADCAST:
+            for index, target in enumerate(per_subtask):
+                target[name] = list(elements[index % len(elements)].get(name, []))
+        else:
+            raise OperatorStateError(f"unknown distribution mode {mode} of operator state {name!r}")
+    new_handles, files = [], {}
+    for index, by_name in enumerate(per_subtask):
+        data = bytearray(header)
+        states = []
+        for name, items in by_name.items():
+            offsets = []
+            for item in items:
+                offsets.append(len(data))
+                data += item
+            states.append(OperatorStateInfo(name, modes[name], offsets))
+        if len(data) <= INLINE_LIMIT:
+            delegate = ByteStreamHandle(f"{file_prefix}-{index}", bytes(data))
+        else:
+            files[f"{file_prefix}-{index}"] = bytes(data)
+            delegate = RelativeFileHandle(f"{file_prefix}-{index}", len(data))
+        new_handles.append(OperatorStateHandle(4, states, delegate))
+    return new_handles, files

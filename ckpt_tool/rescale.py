@@ -1,0 +1,284 @@
+"""``ckpt rescale``: a checkpoint for a new parallelism, restorable by Flink without replicating
+or filtering in-flight data.
+
+1. New parallelism per operator: ``--parallelism N`` for the operators at the job's parallelism
+   (the most common one), ``--operator REF=N`` for any operator; N at most the max parallelism.
+2. Keyed and operator state are reassigned as Flink's StateAssignmentOperation would.
+3. In-flight records of every exchange whose upstream or downstream parallelism changes are
+   routed to the new subtasks (ckpt_tool.records.route) on an engine (Spark by default) and
+   written as input-channel state of the new downstream subtasks; exchanges whose parallelism
+   does not change keep their channel state as it is.
+4. What cannot be rescaled is refused: in-flight data on FORWARD, BROADCAST, CUSTOM or unknown
+   exchanges whose parallelism changes, partially finished operators, N above max parallelism.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ckpt_tool.assign.keyed import reassign_keyed
+from ckpt_tool.assign.operator_state import reassign_operator_state
+from ckpt_tool.engine import Progress, duplicates_per_exchange
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    ChannelStateHandle,
+    CheckpointMetadata,
+    OperatorState,
+    RelativeFileHandle,
+    SubtaskState,
+)
+from ckpt_tool.records.route import RouteSpec, replica_copies
+from ckpt_tool.records.scan import channel_tasks
+from ckpt_tool.records.schema import Exchange
+from ckpt_tool.storage import normalize_uri
+from ckpt_tool.writer import check_destination, write_checkpoint
+
+REDISTRIBUTABLE = ("HASH", "REBALANCE", "RESCALE")
+
+
+class RescaleError(CkptError):
+    """A rescale that would not restore correctly, refused with the reason."""
+
+
+@dataclass
+class RescalePlan:
+    old: dict[str, int]
+    new: dict[str, int]
+    exchanges: list[Exchange]
+    rescaled: list[int]  # indexes into exchanges whose in-flight data is rerouted
+
+    def changes(self, op_id: str) -> bool:
+        return self.old[op_id] != self.new[op_id]
+
+
+@dataclass
+class RescaleReport:
+    dry_run: bool
+    exchanges: list[dict] = field(default_factory=list)
+    operators: list[dict] = field(default_factory=list)
+    files_written: int = 0
+
+    def as_dict(self) -> dict:
+        records_in = sum(e["records_in"] for e in self.exchanges)
+        records_out = sum(e["records_out"] for e in self.exchanges)
+        removed = sum(e["replicas_removed"] for e in self.exchanges)
+        return {
+            "dry_run": self.dry_run,
+            "operators": self.operators,
+            "exchanges": self.exchanges,
+            "records_in": records_in,
+            "records_out": records_out,
+            "replicas_removed": removed,
+            "inflation": _ratio(records_out, records_in - removed),
+            "files_written": self.files_written,
+        }
+
+
+def _ratio(out: int, into: int) -> float:
+    return round(out / into, 4) if into else 1.0
+
+
+def plan_rescale(
+    metadata: CheckpointMetadata, parallelism: Optional[int], overrides: dict[str, int], exchanges: list[Exchange]
+) -> RescalePlan:
+    old = {op.id_hex: op.parallelism for op in metadata.operators}
+    job_parallelism = Counter(old.values()).most_common(1)[0][0] if old else 1
+    new = {op_id: (parallelism if parallelism and p == job_parallelism else p) for op_id, p in old.items()}
+    for ref, value in overrides.items():
+        try:
+            new[metadata.operator(ref).id_hex] = value
+        except KeyError:
+            raise RescaleError(f"--operator {ref}: no such operator (use its uid, name or id)") from None
+    for op in metadata.operators:
+        label = op.uid or op.name or op.id_hex
+        if new[op.id_hex] < 1:
+            raise RescaleError(f"operator {label}: parallelism must be at least 1")
+        if new[op.id_hex] > op.max_parallelism:
+            raise RescaleError(
+                f"operator {label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
+            )
+        if new[op.id_hex] != op.parallelism and op.finished == "partial":
+            raise RescaleError(f"operator {label} is partially finished (FLIP-147); Flink cannot rescale it")
+    plan = RescalePlan(old, new, exchanges, [])
+    _check_channel_state(metadata, plan)
+    return plan
+
+
+def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan) -> None:
+    """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
+    known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
+    known_outputs = {(e.upstream_id, e.partition): i for i, e in enumerate(plan.exchanges) if e.upstream_id}
+    names = {op.id_hex: op.uid or op.name or op.id_hex for op in metadata.operators}
+    holding: set[int] = set()
+    for op in metadata.operators:
+        for direction, known in ((INPUT, known_inputs), (OUTPUT, known_outputs)):
+            for s in op.subtasks:
+                for handle in s.channel_handles(direction):
+                    if not handle.offsets:
+                        continue
+                    index = known.get((op.id_hex, handle.info[0]))
+                    if index is None:
+                        if plan.changes(op.id_hex):
+                            side = "input gate" if direction == INPUT else "output partition"
+                            raise RescaleError(
+                                f"operator {names[op.id_hex]} has in-flight data on {side} {handle.info[0]} "
+                                "that no exchange in --plan/--schema describes"
+                            )
+                        continue
+                    holding.add(index)
+    for index, exchange in enumerate(plan.exchanges):
+        up = exchange.upstream_id
+        changes = plan.changes(exchange.downstream_id) or (up is not None and plan.changes(up))
+        if not changes or index not in holding:
+            continue
+        label = f"{names.get(up, '?')} -> {names[exchange.downstream_id]} (gate {exchange.gate})"
+        if up is None:
+            raise RescaleError(f"exchange {label}: the sending operator is unknown; name it in --schema")
+        partitioner = exchange.partitioner or ("HASH" if exchange.keyed else None)
+        if partitioner == "HASH" and not exchange.keyed:
+            raise RescaleError(f"exchange {label} is keyed but --schema gives no record type and key for it")
+        if partitioner not in REDISTRIBUTABLE:
+            reason = {
+                "FORWARD": "a forward exchange pairs subtasks one to one",
+                "BROADCAST": "a broadcast exchange sends every record to every subtask",
+                "CUSTOM": "a custom partitioner's choice cannot be repeated offline",
+                None: "its partitioner is unknown (pass --plan or name it in --schema)",
+            }.get(partitioner, f"its partitioner {partitioner} keeps no rescalable order")
+            raise RescaleError(f"exchange {label} holds in-flight data and its parallelism changes, but {reason}")
+        plan.rescaled.append(index)
+
+
+def _reassign_operator(
+    source: Checkpoint, op: OperatorState, new_parallelism: int, files: dict[str, bytes]
+) -> list[SubtaskState]:
+    live = [s for s in op.subtasks if not s.finished]
+    keyed = {
+        field_name: reassign_keyed(
+            [getattr(s, field_name) for s in live], op.max_parallelism, new_parallelism, source.metadata.checkpoint_id
+        )
+        for field_name in ("managed_keyed", "raw_keyed")
+    }
+    operator = {}
+    for field_name in ("managed_operator", "raw_operator"):
+        handles, new_files = reassign_operator_state(
+            source, [getattr(s, field_name) for s in live], new_parallelism, f"ckpt-{field_name}-{op.id_hex}"
+        )
+        operator[field_name] = handles
+        files.update(new_files)
+    return [
+        SubtaskState(
+            index,
+            managed_keyed=keyed["managed_keyed"][index],
+            raw_keyed=keyed["raw_keyed"][index],
+            managed_operator=operator["managed_operator"][index],
+            raw_operator=operator["raw_operator"][index],
+        )
+        for index in range(new_parallelism)
+    ]
+
+
+def rescale(
+    source: Checkpoint,
+    dst: str,
+    plan: RescalePlan,
+    engine,
+    dry_run: bool = False,
+    progress: Progress = None,
+) -> RescaleReport:
+    dst = normalize_uri(dst).rstrip("/")
+    check_destination(dst)
+    metadata = copy.deepcopy(source.metadata)
+    report = RescaleReport(dry_run)
+    rescaled = [plan.exchanges[i] for i in plan.rescaled]
+    rescaled_inputs = {(e.downstream_id, e.gate) for e in rescaled}
+    rescaled_outputs = {(e.upstream_id, e.partition) for e in rescaled}
+
+    tasks = channel_tasks(source, rescaled)
+    _, holders = engine.scan(tasks, rescaled) if tasks else ({}, {})
+    specs = [
+        RouteSpec(
+            exchange,
+            plan.new[exchange.upstream_id],
+            plan.new[exchange.downstream_id],
+            source.metadata.operator(exchange.downstream_id).max_parallelism,
+            plan.old[exchange.downstream_id],
+            replica_copies({d: s for (i, d), s in holders.items() if i == index}),
+        )
+        for index, exchange in enumerate(rescaled)
+    ]
+    counters, written = ([], []) if dry_run else engine.route(tasks, specs, dst, progress)
+    new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = {}
+    for (downstream_id, subtask), name, placed in written:
+        delegate = RelativeFileHandle(name, 4 + sum(size for _, size, _ in placed.values()))
+        new_inputs[(downstream_id, subtask)] = [
+            ChannelStateHandle(INPUT, subtask, channel, offsets, size, delegate)
+            for channel, (offsets, size, _) in sorted(placed.items())
+        ]
+
+    files: dict[str, bytes] = {}
+    for op in metadata.operators:
+        new_parallelism = plan.new[op.id_hex]
+        kept_inputs = {
+            s.index: [h for h in s.channel_handles(INPUT) if (op.id_hex, h.info[0]) not in rescaled_inputs]
+            for s in op.subtasks
+        }
+        kept_outputs = {
+            s.index: [h for h in s.channel_handles(OUTPUT) if (op.id_hex, h.info[0]) not in rescaled_outputs]
+            for s in op.subtasks
+        }
+        if plan.changes(op.id_hex):
+            report.operators.append(
+                {"id": op.id_hex, "uid": op.uid, "name": op.name, "parallelism": [op.parallelism, new_parallelism]}
+            )
+            op.parallelism = new_parallelism
+            if not op.fully_finished:
+                op.subtasks = _reassign_operator(source, op, new_parallelism, files)
+        for s in op.subtasks:
+            if s.finished:
+                continue
+            s.input_channels = kept_inputs.get(s.index, []) + new_inputs.get((op.id_hex, s.index), [])
+            s.output_channels = kept_outputs.get(s.index, [])
+
+    report.exchanges = _exchange_report(rescaled, counters, duplicates_per_exchange(holders), written, source)
+    if dry_run:
+        return report
+    report.files_written = len(written) + len(files)
+    write_checkpoint(source, metadata, dst, files, progress, frozenset(name for _, name, _ in written))
+    return report
+
+
+def _exchange_report(exchanges, counters, duplicates, written, source: Checkpoint) -> list[dict]:
+    names = {op.id_hex: op.uid or op.name or op.id_hex for op in source.metadata.operators}
+    result = []
+    for index, exchange in enumerate(exchanges):
+        mine = [c for c in counters if c.exchange_index == index]
+        placed = [
+            figures for (downstream_id, _), _, channels in written if downstream_id == exchange.downstream_id
+            for (gate, _), figures in channels.items() if gate == exchange.gate
+        ]
+        records_in = sum(c.records_in for c in mine)
+        records_out = sum(records for _, _, records in placed)
+        removed = sum(c.replicas_removed for c in mine)
+        result.append({
+            "upstream": exchange.upstream_id,
+            "downstream": exchange.downstream_id,
+            "name": f"{names.get(exchange.upstream_id, '?')} -> {names[exchange.downstream_id]}",
+            "gate": exchange.gate,
+            "partitioner": exchange.partitioner or "HASH",
+            "records_in": records_in,
+            "records_out": records_out,
+            "bytes_in": sum(c.bytes_in for c in mine),
+            "bytes_out": sum(size - 4 * len(offsets) for offsets, size, _ in placed),
+            "inflation": _ratio(records_out, records_in - removed),
+            "replicas_found": duplicates.get(index, 0),
+            "replicas_removed": removed,
+            "non_records_dropped": sum(c.non_records_dropped for c in mine),
+            "channels_written": len(placed),
+        })
+    return result
