@@ -26,3 +26,11 @@ def test_job_dir_found_from_shared_files_alone():
 def test_checkpoint_in_place_is_identity():
     md = metadata_with("file:/job/chk-7/a")
     assert PathMapping.detect(md, "/job/chk-7").resolve("file:/job/chk-7/a") == "/job/chk-7/a"
+
+
+def test_files_nested_in_the_checkpoint_directory_win_over_shared():
+    # a checkpoint written by ckpt keeps RocksDB's shared files inside itself: <dst>/shared/<file>
+    md = metadata_with("file:/out/job/chk-7/shared/a", "file:/out/job/chk-7/b")
+    mapping = PathMapping.detect(md, "/moved/chk-7")
+    assert mapping.resolve("file:/out/job/chk-7/shared/a") == "/moved/chk-7/shared/a"
+    assert PathMapping.detect(md, "/out/job/chk-7").resolve("file:/out/job/chk-7/shared/a") == "/out/job/chk-7/shared/a"

@@ -20,8 +20,7 @@ def schema_for(fixture):
 def spark_engine():
     engine = SparkEngine("local[2]")
     yield engine
-    if engine._session is not None:
-        engine._session.stop()
+    engine.stop()
 
 
 def scan(fixture, engine):

@@ -65,7 +65,11 @@ def reassign_keyed(
     result = []
     for index in range(new_parallelism):
         wanted = key_group_range(max_parallelism, new_parallelism, index)
-        parts = [part for part in (_intersection(p, wanted) for p in pieces) if part is not None]
+        parts = []
+        for part in (_intersection(p, wanted) for p in pieces):
+            # an incremental handle shared by several old subtasks (after an earlier rescale) counts once
+            if part is not None and part not in parts:
+                parts.append(part)
         if len(parts) <= 1:
             result.append(parts[0] if parts else None)
             continue

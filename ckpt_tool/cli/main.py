@@ -64,6 +64,59 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
     output_for(as_json).inspect(summary)
 
 
+def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
+    overrides = {}
+    for pair in pairs:
+        ref, sep, value = pair.rpartition("=")
+        if not sep or not ref or not value.isdigit():
+            raise click.BadParameter(f"expected OPERATOR=N, got {pair!r}", param_hint="--operator")
+        overrides[ref] = int(value)
+    return overrides
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("-p", "--parallelism", type=click.IntRange(min=1), help="New parallelism of the job's operators.")
+@click.option("--operator", "operators", multiple=True, metavar="OPERATOR=N",
+              help="New parallelism of one operator (uid, name or id), repeatable.")
+@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@click.option("--engine", type=click.Choice(["spark", "local"]), default="spark", show_default=True,
+              help="Where the record path runs.")
+@click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and what would be moved; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json) -> None:
+    """Write to DST a copy of checkpoint SRC for a new parallelism.
+
+    Every new subtask holds exactly the in-flight records of its key groups; keyed and operator
+    state are reassigned as Flink would. SRC and DST are directories or s3:// URIs; DST must
+    not hold a checkpoint yet.
+    """
+    from ckpt_tool.engine import LocalEngine, SparkEngine
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.records.schema import load_exchanges
+    from ckpt_tool.rescale import plan_rescale
+    from ckpt_tool.rescale import rescale as run_rescale
+
+    if not parallelism and not operators:
+        raise click.UsageError("give --parallelism N or at least one --operator OPERATOR=N")
+    source = Checkpoint.open(src)
+    source.require_files()
+    exchanges = load_exchanges(source.metadata, schema, plan)
+    rescale_plan = plan_rescale(source.metadata, parallelism, parse_overrides(operators), exchanges)
+    runner = SparkEngine(spark_master, parse_conf(conf)) if engine == "spark" else LocalEngine()
+    try:
+        with progress_bar("rescaling", enabled=not as_json) as progress:
+            report = run_rescale(source, dst, rescale_plan, runner, dry_run=dry_run, progress=progress)
+    finally:
+        if engine == "spark":
+            runner.stop()
+    output_for(as_json).rescale(report.as_dict())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in args or "--verbose" in args

@@ -20,6 +20,9 @@ class Output(ABC):
     @abstractmethod
     def inspect(self, summary: dict) -> None: ...
 
+    @abstractmethod
+    def rescale(self, report: dict) -> None: ...
+
 
 class JsonOutput(Output):
     def _emit(self, value: dict) -> None:
@@ -27,6 +30,9 @@ class JsonOutput(Output):
 
     def inspect(self, summary: dict) -> None:
         self._emit(summary)
+
+    def rescale(self, report: dict) -> None:
+        self._emit(report)
 
 
 def human_bytes(count: int) -> str:
@@ -169,6 +175,29 @@ class RichOutput(Output):
             self.console.print(histogram)
         else:
             self.console.print(line)
+
+
+    def rescale(self, report: dict) -> None:
+        title = "Rescale plan (dry run: nothing written)" if report["dry_run"] else "Rescale"
+        ops = Table(title=f"{title}: operators")
+        for column in ("operator", "id", "parallelism"):
+            ops.add_column(column, no_wrap=True)
+        for o in report["operators"]:
+            ops.add_row(o["name"] or o["uid"] or "?", o["id"], f"{o['parallelism'][0]} → {o['parallelism'][1]}")
+        self.console.print(ops)
+        table = Table(title="In-flight data per exchange")
+        for column in ("exchange", "partitioner", "records in", "records out", "bytes in", "bytes out",
+                       "inflation", "replicas removed", "non-records dropped"):
+            table.add_column(column, no_wrap=True)
+        for e in report["exchanges"]:
+            table.add_row(e["name"], e["partitioner"], str(e["records_in"]), str(e["records_out"]),
+                          human_bytes(e["bytes_in"]), human_bytes(e["bytes_out"]), f"{e['inflation']:.2f}",
+                          str(e["replicas_removed"]), str(e["non_records_dropped"]))
+        self.console.print(table)
+        self.console.print(
+            f"records {report['records_in']} in, {report['records_out']} out, inflation {report['inflation']:.2f}, "
+            f"replicas removed {report['replicas_removed']}, files written {report['files_written']}"
+        )
 
 
 def output_for(as_json: bool) -> Output:

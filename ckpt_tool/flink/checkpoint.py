@@ -37,10 +37,14 @@ class PathMapping:
 
     @staticmethod
     def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> "PathMapping":
-        pattern = re.compile(rf"^(.*)/(chk-{metadata.checkpoint_id}|shared|taskowned)/[^/]+$")
-        for handle in iter_stream_handles(metadata):
-            if isinstance(handle, (FileHandle, SegmentFileHandle)):
-                match = pattern.match(normalize_uri(handle.path))
+        paths = [
+            normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))
+        ]
+        exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
+        job_owned = re.compile(r"^(.*)/(shared|taskowned)/[^/]+$")
+        for pattern in (exclusive, job_owned):  # a file inside the checkpoint directory says most
+            for path in paths:
+                match = pattern.match(path)
                 if match:
                     job_dir = match.group(1)
                     return PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)

@@ -1,0 +1,144 @@
+"""ckpt rescale: real Flink restores the output with the exact count, records neither lost nor doubled."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import flink_env
+from ckpt_tool.engine import LocalEngine, SparkEngine
+from ckpt_tool.flink.channel_state import logical_channels
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import OUTPUT
+from ckpt_tool.inspect import exchanges_summary
+from ckpt_tool.records.elements import element_kind
+from ckpt_tool.records.framing import split_records
+from ckpt_tool.records.schema import load_exchanges
+from ckpt_tool.rescale import RescaleError, plan_rescale, rescale
+from cli_util import run_ckpt
+from conftest import ALL_FIXTURES, FIXTURES
+from test_flink_restore import tree_digest
+
+SCHEMA = str(FIXTURES / "countjob.schema.toml")
+COUNT_JOB = [f for f in ALL_FIXTURES if f.info["job"] == "CountJob (fixtures/java/CountJob.java)"]
+BASES = [f for f in COUNT_JOB if not f.info.get("restored_from")]
+# each step rescales the previous step's output (the first step the fixture itself)
+CASES = [(f, [3, 2]) for f in BASES] + [(f, [1, 4, 1]) for f in BASES] + [
+    (f, [2]) for f in COUNT_JOB if f.info.get("restored_from")  # written by Flink at parallelism 3
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    engine = SparkEngine("local[2]")
+    yield engine
+    engine.stop()
+
+
+def exchanges_of(checkpoint: Checkpoint, fixture):
+    return load_exchanges(checkpoint.metadata, SCHEMA, str(fixture.directory / "plan.json"))
+
+
+def record_multiset(checkpoint: Checkpoint, fixture) -> Counter:
+    records = Counter()
+    for exchange in exchanges_of(checkpoint, fixture):
+        md = checkpoint.metadata
+        up = md.operator(exchange.upstream_id) if exchange.upstream_id else None
+        for channel in logical_channels(up, md.operator(exchange.downstream_id), exchange.gate, exchange.partition):
+            inputs, outputs = channel.buffers(checkpoint)
+            records.update(r for r in split_records(inputs + outputs).records if element_kind(r).kind == "record")
+    return records
+
+
+def run_path(fixture, steps, tmp_path, engine):
+    current = Checkpoint.open(str(fixture.checkpoint))
+    reports = []
+    for number, parallelism in enumerate(steps):
+        destination = tmp_path / f"step{number}-p{parallelism}" / "job" / f"chk-{current.metadata.checkpoint_id}"
+        plan = plan_rescale(current.metadata, parallelism, {}, exchanges_of(current, fixture))
+        reports.append(rescale(current, str(destination), plan, engine).as_dict())
+        current = Checkpoint.open(str(destination))
+        yield parallelism, current, reports[-1]
+
+
+@pytest.mark.flink
+@pytest.mark.parametrize(
+    "base, steps", CASES, ids=[f"{f.name}:{f.info['parallelism']}-{'-'.join(map(str, s))}" for f, s in CASES]
+)
+def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, spark):
+    fixture = base
+    info = fixture.info
+    before_tree = tree_digest(fixture.directory)
+    source = Checkpoint.open(str(fixture.checkpoint))
+    before = record_multiset(source, fixture)
+    assert sum(before.values()) > 0
+    for parallelism, rescaled, report in run_path(fixture, steps, tmp_path, spark):
+        assert report["inflation"] == 1.0 and report["records_out"] == report["records_in"] == sum(before.values())
+        assert record_multiset(rescaled, fixture) == before
+        scanned = exchanges_summary(rescaled, exchanges_of(rescaled, fixture), LocalEngine())
+        for exchange in scanned:
+            if exchange["keyed"]:
+                assert exchange["misplaced_records"] == 0 and exchange["duplicate_records"] == 0
+        # output-side data was recovered on the downstream side
+        assert not any(s.channel_handles(OUTPUT) for op in rescaled.metadata.operators for s in op.subtasks
+                       if op.parallelism == parallelism)
+        count = flink_env.restore_count(info["flink_version"], rescaled.uri, parallelism, backend=info["backend"])
+        assert count == info["source_records"], f"restore at parallelism {parallelism}"
+    assert tree_digest(fixture.directory) == before_tree, "the input checkpoint was modified"
+
+
+def test_repeated_rescales_keep_inflation_at_one(tmp_path):
+    fixture = BASES[0]
+    before = record_multiset(Checkpoint.open(str(fixture.checkpoint)), fixture)
+    for _, rescaled, report in run_path(fixture, [1, 4, 1, 4, 1, 4], tmp_path, LocalEngine()):
+        assert report["inflation"] == 1.0
+        assert record_multiset(rescaled, fixture) == before
+
+
+def test_refuses_forward_exchange_with_inflight_data(tmp_path):
+    fixture = BASES[0]
+    schema = tmp_path / "forward.toml"
+    schema.write_text(
+        (FIXTURES / "countjob.schema.toml").read_text().replace('partitioner = "HASH"', 'partitioner = "FORWARD"', 1)
+    )
+    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    with pytest.raises(RescaleError, match="forward exchange pairs subtasks one to one"):
+        plan_rescale(checkpoint.metadata, 3, {}, load_exchanges(checkpoint.metadata, str(schema), None))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-p", "129"], "above its max parallelism 128"),
+        (["-p", "3", "--operator", "nope=2"], "no such operator"),
+        ([], "give --parallelism N"),
+    ],
+)
+def test_cli_refusals(capsys, tmp_path, args, message):
+    fixture = BASES[0]
+    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "out"), "--engine", "local",
+                              "--schema", SCHEMA, *args)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_unknown_exchange(capsys, tmp_path):
+    code, _, err = run_ckpt(capsys, "rescale", str(BASES[0].checkpoint), str(tmp_path / "out"), "-p", "3",
+                            "--engine", "local")
+    assert code == 2 and "no exchange in --plan/--schema describes" in err
+
+
+def test_cli_dry_run_writes_nothing_and_existing_destination_is_refused(capsys, tmp_path):
+    fixture = BASES[0]
+    common = ["--engine", "local", "--schema", SCHEMA, "--plan", str(fixture.directory / "plan.json"), "-p", "3"]
+    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "dry"), "--dry-run", "--json", *common)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["dry_run"] and report["files_written"] == 0 and not (tmp_path / "dry").exists()
+    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
+    assert code == 0, err
+    assert "inflation 1.00" in out and (tmp_path / "real" / "_metadata").exists()
+    code, _, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
+    assert code == 2 and "already exists" in err
