@@ -20,14 +20,18 @@ from ckpt_tool.rescale import RescaleError, plan_rescale, rescale
 from cli_util import run_ckpt
 from conftest import ALL_FIXTURES, FIXTURES
 from test_flink_restore import tree_digest
+from test_record_scan import schema_for
 
 SCHEMA = str(FIXTURES / "countjob.schema.toml")
-COUNT_JOB = [f for f in ALL_FIXTURES if f.info["job"] == "CountJob (fixtures/java/CountJob.java)"]
-BASES = [f for f in COUNT_JOB if not f.info.get("restored_from")]
+TUPLE_JOB = [f for f in ALL_FIXTURES if f.info.get("job_kind", "tuple") == "tuple"]
+BASES = [f for f in TUPLE_JOB if not f.info.get("restored_from")]
 # each step rescales the previous step's output (the first step the fixture itself)
-CASES = [(f, [3, 2]) for f in BASES] + [(f, [1, 4, 1]) for f in BASES] + [
-    (f, [2]) for f in COUNT_JOB if f.info.get("restored_from")  # written by Flink at parallelism 3
-]
+CASES = (
+    [(f, [3, 2]) for f in BASES]
+    + [(f, [1, 4, 1]) for f in BASES]
+    + [(f, [2]) for f in TUPLE_JOB if f.info.get("restored_from")]  # written by Flink at parallelism 3
+    + [(f, [3]) for f in ALL_FIXTURES if f.info.get("job_kind") in ("pojo", "sql")]
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def spark():
 
 
 def exchanges_of(checkpoint: Checkpoint, fixture):
-    return load_exchanges(checkpoint.metadata, SCHEMA, str(fixture.directory / "plan.json"))
+    return load_exchanges(checkpoint.metadata, schema_for(fixture), str(fixture.directory / "plan.json"))
 
 
 def record_multiset(checkpoint: Checkpoint, fixture) -> Counter:
