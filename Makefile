@@ -4,7 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEMO_CHECKPOINT := $(firstword $(wildcard fixtures/flink23-hashmap-p2/*/chk-*))
+DEMO_FIXTURE := fixtures/flink23-hashmap-p2
+DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
+DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
+DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
 .PHONY: setup demo test fixtures clean
 
@@ -16,8 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# The bundled checkpoint (Flink 2.3, parallelism 2) is inspected, rescaled to 3, and restored by
+# real Flink 2.3 at parallelism 3, which counts every record exactly once.
 demo: setup
-	$(BIN)/ckpt inspect $(DEMO_CHECKPOINT)
+	$(BIN)/ckpt inspect $(DEMO_CHECKPOINT) $(DEMO_INPUTS) --engine local
+	rm -rf /tmp/ckpt-demo
+	$(BIN)/ckpt rescale $(DEMO_CHECKPOINT) $(DEMO_OUT) --parallelism 3 $(DEMO_INPUTS)
+	$(BIN)/python fixtures/flink_env.py restore $(DEMO_OUT) --version 2.3.0 --parallelism 3
 
 test: setup
 	$(BIN)/python -m pytest -q -rs
