@@ -13,7 +13,7 @@ import click
 
 from ckpt_tool import __version__
 from ckpt_tool.cli.output import output_for, progress_bar
-from ckpt_tool.errors import EXIT_INTERNAL, CkptError
+from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,6 +117,35 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     output_for(as_json).rescale(report.as_dict())
 
 
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@click.option("--target-parallelism", type=click.IntRange(min=1), help="Also check that a rescale to N is possible.")
+@click.option("--engine", type=click.Choice(["auto", "local", "spark"]), default="auto", show_default=True)
+@click.option("--spark-master", help="Spark master URL (default local[*]).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--junit", type=click.Path(dir_okay=False, writable=True), help="Also write the report as JUnit XML.")
+def verify(checkpoint, schema, plan, target_parallelism, engine, spark_master, as_json, junit) -> None:
+    """Check that CHECKPOINT is sound. Exit code 0 sound, 1 problems found, 2 unusable."""
+    from ckpt_tool.engine import engine_for
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.inspect import channel_state_bytes
+    from ckpt_tool.records.schema import load_exchanges
+    from ckpt_tool.verify import PROBLEMS, UNUSABLE, junit_xml
+    from ckpt_tool.verify import verify as run_verify
+
+    opened = Checkpoint.open(checkpoint)
+    exchanges = load_exchanges(opened.metadata, schema, plan) if (schema or plan) else None
+    runner = engine_for(engine, channel_state_bytes(opened), spark_master) if exchanges is not None else None
+    report = run_verify(opened, exchanges, runner, target_parallelism)
+    if junit:
+        with open(junit, "w") as f:
+            f.write(junit_xml(report))
+    output_for(as_json).verify(report.as_dict())
+    sys.exit({PROBLEMS: EXIT_PROBLEMS, UNUSABLE: EXIT_UNUSABLE_INPUT}.get(report.status, 0))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in args or "--verbose" in args
@@ -129,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

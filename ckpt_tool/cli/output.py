@@ -23,6 +23,9 @@ class Output(ABC):
     @abstractmethod
     def rescale(self, report: dict) -> None: ...
 
+    @abstractmethod
+    def verify(self, report: dict) -> None: ...
+
 
 class JsonOutput(Output):
     def _emit(self, value: dict) -> None:
@@ -32,6 +35,9 @@ class JsonOutput(Output):
         self._emit(summary)
 
     def rescale(self, report: dict) -> None:
+        self._emit(report)
+
+    def verify(self, report: dict) -> None:
         self._emit(report)
 
 
@@ -198,6 +204,25 @@ class RichOutput(Output):
             f"records {report['records_in']} in, {report['records_out']} out, inflation {report['inflation']:.2f}, "
             f"replicas removed {report['replicas_removed']}, files written {report['files_written']}"
         )
+
+
+    def verify(self, report: dict) -> None:
+        table = Table(title=f"Verify {report['checkpoint']}")
+        for column in ("check", "status", "problems", "what it checks"):
+            table.add_column(column)
+        style = {"passed": "green", "failed": "red", "skipped": "dim"}
+        for c in report["checks"]:
+            table.add_row(c["name"], f"[{style[c['status']]}]{c['status']}[/]", str(c["problems"]), c["description"])
+        self.console.print(table)
+        if report["problems"]:
+            problems = Table(title="Problems")
+            for column in ("check", "operator", "subtask", "channel", "count", "problem"):
+                problems.add_column(column, overflow="fold")
+            for p in report["problems"]:
+                problems.add_row(p["check"], p["operator"] or "", "" if p["subtask"] is None else str(p["subtask"]),
+                                 p["channel"] or "", str(p["count"]), p["message"])
+            self.console.print(problems)
+        self.console.print(f"status: {report['status']}")
 
 
 def output_for(as_json: bool) -> Output:

@@ -1,0 +1,224 @@
+"""``ckpt verify``: is a checkpoint sound? Checks for CI, each with the problems it found.
+
+Checks: referenced files exist with their recorded sizes; channel-state headers, offsets and
+buffer lengths; one handle per channel; parallelism within max parallelism; finished markers;
+replicated buffers (the same buffer bytes held by several subtasks of an operator). With
+``--plan``/``--schema``: record framing of every logical channel, and with keys, misplaced and
+duplicate records. ``--target-parallelism N`` checks that a rescale to N is possible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.channel_state import HEADER, split_buffers
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.metadata import iter_stream_handles
+from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, FileHandle, RelativeFileHandle
+from ckpt_tool.inspect import exchanges_summary
+
+SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
+# Small buffers (a lone watermark, say) are legitimately identical in many channels.
+REPLICA_MIN_BUFFER_BYTES = 256
+
+
+@dataclass
+class Problem:
+    check: str
+    message: str
+    operator: Optional[str] = None
+    subtask: Optional[int] = None
+    channel: Optional[str] = None
+    count: int = 1
+
+
+@dataclass
+class CheckResult:
+    name: str
+    description: str
+    ran: bool = True
+    problems: list[Problem] = field(default_factory=list)
+    unusable: bool = False  # problems of this check make the checkpoint unrestorable as it is
+
+    @property
+    def status(self) -> str:
+        if not self.ran:
+            return "skipped"
+        return "failed" if self.problems else "passed"
+
+
+@dataclass
+class VerifyReport:
+    checkpoint: str
+    checks: list[CheckResult]
+
+    @property
+    def status(self) -> str:
+        if any(c.problems and c.unusable for c in self.checks):
+            return UNUSABLE
+        return PROBLEMS if any(c.problems for c in self.checks) else SOUND
+
+    def as_dict(self) -> dict:
+        return {
+            "checkpoint": self.checkpoint,
+            "status": self.status,
+            "checks": [
+                {"name": c.name, "description": c.description, "status": c.status, "problems": len(c.problems)}
+                for c in self.checks
+            ],
+            "problems": [asdict(p) for c in self.checks for p in c.problems],
+        }
+
+
+def _label(op) -> str:
+    return op.uid or op.name or op.id_hex
+
+
+def check_files(cp: Checkpoint) -> CheckResult:
+    result = CheckResult("files", "every referenced file exists with its recorded size", unusable=True)
+    seen = set()
+    for handle in iter_stream_handles(cp.metadata):
+        if not isinstance(handle, (FileHandle, RelativeFileHandle)):
+            continue
+        uri = cp.location(handle)
+        if uri in seen:
+            continue
+        seen.add(uri)
+        if not cp.io.exists(uri):
+            result.problems.append(Problem("files", f"{uri} is missing"))
+        elif handle.size >= 0 and cp.io.size(uri) != handle.size:
+            result.problems.append(
+                Problem("files", f"{uri} has {cp.io.size(uri)} bytes, the metadata records {handle.size}")
+            )
+    return result
+
+
+def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
+    buffers = CheckResult("channel-state", "channel-state headers, offsets and buffer lengths", unusable=True)
+    handles = CheckResult("channel-handles", "at most one handle per channel of a subtask", unusable=True)
+    replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
+    for op in cp.metadata.operators:
+        digests: dict[bytes, set[int]] = defaultdict(set)
+        for s in op.subtasks:
+            for direction in (INPUT, OUTPUT):
+                infos = set()
+                for h in s.channel_handles(direction):
+                    channel = f"{direction} {h.info[0]}/{h.info[1]}"
+                    if h.info in infos:
+                        handles.problems.append(Problem("channel-handles", f"two handles for {channel}",
+                                                        _label(op), s.index, channel))
+                    infos.add(h.info)
+                    if h.subtask_index != s.index:
+                        handles.problems.append(Problem("channel-handles", f"handle names subtask {h.subtask_index}",
+                                                        _label(op), s.index, channel))
+                    if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
+                        continue
+                    where = cp.location(h.delegate) or "inline channel state"
+                    try:
+                        data = cp.handle_bytes(h.delegate)
+                        payloads = split_buffers(data, h.offsets, where)
+                    except CkptError as exc:
+                        buffers.problems.append(Problem("channel-state", str(exc), _label(op), s.index, channel))
+                        continue
+                    if data[: len(HEADER)] != HEADER:
+                        buffers.problems.append(Problem("channel-state", f"{where}: bad header", _label(op), s.index, channel))
+                    for payload in payloads:
+                        if len(payload) >= REPLICA_MIN_BUFFER_BYTES:
+                            digests[hashlib.blake2b(payload, digest_size=16).digest() + direction.encode()].add(s.index)
+        copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
+        if copies:
+            replicas.problems.append(Problem(
+                "buffer-replicas", f"{copies} buffer copies are held by more than one subtask", _label(op), count=copies
+            ))
+    return [buffers, handles, replicas]
+
+
+def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
+    parallelism = CheckResult("parallelism", "parallelism within max parallelism, subtask indexes within parallelism",
+                              unusable=True)
+    finished = CheckResult("finished-markers", "FLIP-147 finished markers are consistent", unusable=True)
+    for op in cp.metadata.operators:
+        if not 1 <= op.parallelism <= op.max_parallelism:
+            parallelism.problems.append(Problem(
+                "parallelism", f"parallelism {op.parallelism} outside 1..{op.max_parallelism}", _label(op)))
+        indexes = [s.index for s in op.subtasks]
+        if len(set(indexes)) != len(indexes) or any(not 0 <= i < op.parallelism for i in indexes):
+            parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", _label(op)))
+        if op.fully_finished and op.coordinator_state is not None:
+            finished.problems.append(Problem("finished-markers", "fully finished but has coordinator state", _label(op)))
+    return [parallelism, finished]
+
+
+def check_records(cp: Checkpoint, exchanges, engine) -> list[CheckResult]:
+    framing = CheckResult("record-framing", "every logical channel splits into whole records", ran=exchanges is not None,
+                          unusable=True)
+    placement = CheckResult("key-groups", "every in-flight record is in its subtask's key groups",
+                            ran=exchanges is not None and any(e.keyed for e in exchanges))
+    duplicates = CheckResult("record-replicas", "no record held by more than one subtask",
+                             ran=placement.ran)
+    if exchanges is None:
+        return [framing, placement, duplicates]
+    names = {op.id_hex: _label(op) for op in cp.metadata.operators}
+    for exchange in exchanges_summary(cp, exchanges, engine):
+        label = f"{names.get(exchange['upstream'], '?')} -> {names[exchange['downstream']]}"
+        for ch in exchange["channels"]:
+            channel = f"{ch['upstream_subtask']} -> {ch['downstream_subtask']}"
+            if ch["partial_bytes"]:
+                framing.problems.append(Problem("record-framing", f"{label}: {ch['partial_bytes']} bytes of a cut record",
+                                                names[exchange["downstream"]], ch["downstream_subtask"], channel))
+            if ch["misplaced_records"]:
+                placement.problems.append(Problem(
+                    "key-groups", f"{label}: {ch['misplaced_records']} records outside the subtask's key groups",
+                    names[exchange["downstream"]], ch["downstream_subtask"], channel, ch["misplaced_records"]))
+        if exchange["duplicate_records"]:
+            duplicates.problems.append(Problem(
+                "record-replicas", f"{label}: {exchange['duplicate_records']} record copies held by several subtasks",
+                names[exchange["downstream"]], count=exchange["duplicate_records"]))
+    return [framing, placement, duplicates]
+
+
+def check_target(cp: Checkpoint, target: Optional[int], exchanges) -> CheckResult:
+    from ckpt_tool.rescale import RescaleError, plan_rescale
+
+    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible", ran=target is not None)
+    if target is not None:
+        try:
+            plan_rescale(cp.metadata, target, {}, exchanges or [])
+        except RescaleError as exc:
+            result.problems.append(Problem("target-parallelism", str(exc)))
+    return result
+
+
+def verify(cp: Checkpoint, exchanges=None, engine=None, target: Optional[int] = None) -> VerifyReport:
+    files = check_files(cp)
+    checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp)]
+    usable = not any(c.problems for c in checks if c.unusable)
+    if usable:
+        checks += check_records(cp, exchanges, engine)
+    checks.append(check_target(cp, target, exchanges))
+    return VerifyReport(cp.uri, checks)
+
+
+def junit_xml(report: VerifyReport) -> str:
+    """The report as JUnit XML: one test case per check, a failure per problem."""
+    from xml.etree import ElementTree as ET
+
+    checks = report.checks
+    suite = ET.Element("testsuite", name="ckpt verify", tests=str(len(checks)),
+                       failures=str(sum(c.status == "failed" for c in checks)),
+                       skipped=str(sum(c.status == "skipped" for c in checks)))
+    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="checkpoint", value=report.checkpoint)
+    for check in checks:
+        case = ET.SubElement(suite, "testcase", classname="ckpt.verify", name=check.name)
+        if not check.ran:
+            ET.SubElement(case, "skipped", message="needs --plan/--schema (or --target-parallelism)")
+        for problem in check.problems:
+            where = ", ".join(f"{k} {v}" for k, v in (("operator", problem.operator), ("subtask", problem.subtask),
+                                                        ("channel", problem.channel)) if v is not None)
+            failure = ET.SubElement(case, "failure", message=problem.message, type=check.name)
+            failure.text = f"{problem.message} ({where})" if where else problem.message
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
