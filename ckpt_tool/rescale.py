@@ -37,7 +37,7 @@ from ckpt_tool.records.route import RouteSpec, replica_copies
 from ckpt_tool.records.scan import channel_tasks
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import normalize_uri
-from ckpt_tool.writer import check_destination, write_checkpoint
+from ckpt_tool.writer import check_destination, fresh_destination, write_checkpoint
 
 REDISTRIBUTABLE = ("HASH", "REBALANCE", "RESCALE")
 
@@ -52,6 +52,7 @@ class RescalePlan:
     new: dict[str, int]
     exchanges: list[Exchange]
     rescaled: list[int]  # indexes into exchanges whose in-flight data is rerouted
+    dropped: list[int] = field(default_factory=list)  # indexes of exchanges whose in-flight data is dropped
 
     def changes(self, op_id: str) -> bool:
         return self.old[op_id] != self.new[op_id]
@@ -62,6 +63,7 @@ class RescaleReport:
     dry_run: bool
     exchanges: list[dict] = field(default_factory=list)
     operators: list[dict] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
     files_written: int = 0
 
     def as_dict(self) -> dict:
@@ -76,6 +78,7 @@ class RescaleReport:
             "records_out": records_out,
             "replicas_removed": removed,
             "inflation": _ratio(records_out, records_in - removed),
+            "dropped": self.dropped,
             "files_written": self.files_written,
         }
 
@@ -110,7 +113,33 @@ def plan_rescale(
     return plan
 
 
-def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan) -> None:
+def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: list[str]) -> RescalePlan:
+    """Same parallelism; keyed exchanges rerouted (replicas kept once, misplaced records moved to
+    the subtask owning their key group); exchanges into the ``drop`` operators lose their data."""
+    same = {op.id_hex: op.parallelism for op in metadata.operators}
+    dropped_ids = set()
+    for ref in drop:
+        try:
+            dropped_ids.add(metadata.operator(ref).id_hex)
+        except KeyError:
+            raise RescaleError(f"--drop-in-flight {ref}: no such operator (use its uid, name or id)") from None
+    plan = RescalePlan(same, dict(same), exchanges, [])
+    plan.dropped = [i for i, e in enumerate(exchanges) if e.downstream_id in dropped_ids]
+    covered = {exchanges[i].downstream_id for i in plan.dropped}
+    for op in metadata.operators:
+        if op.id_hex in dropped_ids and op.id_hex not in covered and any(
+            s.channel_handles(INPUT) for s in op.subtasks
+        ):
+            raise RescaleError(f"--drop-in-flight {_label_of(op)}: no exchange in --plan/--schema leads into it")
+    _check_channel_state(metadata, plan, reroute_keyed=True)
+    return plan
+
+
+def _label_of(op: OperatorState) -> str:
+    return op.uid or op.name or op.id_hex
+
+
+def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
     """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
     known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
     known_outputs = {(e.upstream_id, e.partition): i for i, e in enumerate(plan.exchanges) if e.upstream_id}
@@ -135,7 +164,7 @@ def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan) -> Non
     for index, exchange in enumerate(plan.exchanges):
         up = exchange.upstream_id
         changes = plan.changes(exchange.downstream_id) or (up is not None and plan.changes(up))
-        if not changes or index not in holding:
+        if index in plan.dropped or index not in holding or not (changes or (reroute_keyed and exchange.keyed)):
             continue
         label = f"{names.get(up, '?')} -> {names[exchange.downstream_id]} (gate {exchange.gate})"
         if up is None:
@@ -192,12 +221,20 @@ def rescale(
     progress: Progress = None,
 ) -> RescaleReport:
     dst = normalize_uri(dst).rstrip("/")
-    check_destination(dst)
+    if dry_run:
+        check_destination(dst)
+        return _rescale(source, dst, plan, engine, True, progress)
+    with fresh_destination(dst):
+        return _rescale(source, dst, plan, engine, False, progress)
+
+
+def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: bool, progress: Progress):
     metadata = copy.deepcopy(source.metadata)
     report = RescaleReport(dry_run)
     rescaled = [plan.exchanges[i] for i in plan.rescaled]
-    rescaled_inputs = {(e.downstream_id, e.gate) for e in rescaled}
-    rescaled_outputs = {(e.upstream_id, e.partition) for e in rescaled}
+    replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
+    rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
+    rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
 
     tasks = channel_tasks(source, rescaled)
     _, holders = engine.scan(tasks, rescaled) if tasks else ({}, {})
@@ -246,6 +283,7 @@ def rescale(
             s.output_channels = kept_outputs.get(s.index, [])
 
     report.exchanges = _exchange_report(rescaled, counters, duplicates_per_exchange(holders), written, source)
+    report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], source, engine)
     if dry_run:
         return report
     report.files_written = len(written) + len(files)
@@ -282,3 +320,24 @@ def _exchange_report(exchanges, counters, duplicates, written, source: Checkpoin
             "channels_written": len(placed),
         })
     return result
+
+
+def _dropped_report(exchanges: list[Exchange], source: Checkpoint, engine) -> list[dict]:
+    """Exactly what dropping these exchanges' in-flight data removes."""
+    from ckpt_tool.inspect import exchanges_summary
+
+    names = {op.id_hex: _label_of(op) for op in source.metadata.operators}
+    return [
+        {
+            "upstream": e["upstream"],
+            "downstream": e["downstream"],
+            "name": f"{names.get(e['upstream'], '?')} -> {names[e['downstream']]}",
+            "gate": e["gate"],
+            "buffers": sum(c["input_buffers"] + c["output_buffers"] for c in e["channels"]),
+            "bytes": e["bytes"],
+            "records": e["records"],
+            "watermarks": e["watermarks"],
+            "other_elements": e["other_elements"],
+        }
+        for e in exchanges_summary(source, exchanges, engine)
+    ]

@@ -64,6 +64,17 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
     output_for(as_json).inspect(summary)
 
 
+def make_engine(engine: str, master: str, conf: tuple[str, ...]):
+    from ckpt_tool.engine import LocalEngine, SparkEngine
+
+    return SparkEngine(master, parse_conf(conf)) if engine == "spark" else LocalEngine()
+
+
+def stop_engine(engine) -> None:
+    if hasattr(engine, "stop"):
+        engine.stop()
+
+
 def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
     overrides = {}
     for pair in pairs:
@@ -95,7 +106,6 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     state are reassigned as Flink would. SRC and DST are directories or s3:// URIs; DST must
     not hold a checkpoint yet.
     """
-    from ckpt_tool.engine import LocalEngine, SparkEngine
     from ckpt_tool.flink.checkpoint import Checkpoint
     from ckpt_tool.records.schema import load_exchanges
     from ckpt_tool.rescale import plan_rescale
@@ -107,13 +117,49 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     source.require_files()
     exchanges = load_exchanges(source.metadata, schema, plan)
     rescale_plan = plan_rescale(source.metadata, parallelism, parse_overrides(operators), exchanges)
-    runner = SparkEngine(spark_master, parse_conf(conf)) if engine == "spark" else LocalEngine()
+    runner = make_engine(engine, spark_master, conf)
     try:
         with progress_bar("rescaling", enabled=not as_json) as progress:
             report = run_rescale(source, dst, rescale_plan, runner, dry_run=dry_run, progress=progress)
     finally:
-        if engine == "spark":
-            runner.stop()
+        stop_engine(runner)
+    output_for(as_json).rescale(report.as_dict())
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@click.option("--drop-in-flight", "drop", multiple=True, metavar="OPERATOR",
+              help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable.")
+@click.option("--engine", type=click.Choice(["spark", "local"]), default="spark", show_default=True)
+@click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def repair(src, dst, schema, plan, drop, engine, spark_master, conf, as_json) -> None:
+    """Write to DST a repaired copy of checkpoint SRC.
+
+    Every subtask keeps only its own key groups' in-flight records, each once (replicas left by a
+    naive rescale are removed, misplaced records move to their owner); --drop-in-flight removes
+    the in-flight data of the named operators only, reporting exactly what is dropped.
+    """
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.records.schema import load_exchanges
+    from ckpt_tool.rescale import plan_repair
+    from ckpt_tool.rescale import rescale as run_rescale
+
+    if not (schema or plan):
+        raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
+    source = Checkpoint.open(src)
+    source.require_files()
+    repair_plan = plan_repair(source.metadata, load_exchanges(source.metadata, schema, plan), list(drop))
+    runner = make_engine(engine, spark_master, conf)
+    try:
+        with progress_bar("repairing", enabled=not as_json) as progress:
+            report = run_rescale(source, dst, repair_plan, runner, progress=progress)
+    finally:
+        stop_engine(runner)
     output_for(as_json).rescale(report.as_dict())
 
 

@@ -185,12 +185,13 @@ class RichOutput(Output):
 
     def rescale(self, report: dict) -> None:
         title = "Rescale plan (dry run: nothing written)" if report["dry_run"] else "Rescale"
-        ops = Table(title=f"{title}: operators")
-        for column in ("operator", "id", "parallelism"):
-            ops.add_column(column, no_wrap=True)
-        for o in report["operators"]:
-            ops.add_row(o["name"] or o["uid"] or "?", o["id"], f"{o['parallelism'][0]} → {o['parallelism'][1]}")
-        self.console.print(ops)
+        if report["operators"]:
+            ops = Table(title=f"{title}: operators")
+            for column in ("operator", "id", "parallelism"):
+                ops.add_column(column, no_wrap=True)
+            for o in report["operators"]:
+                ops.add_row(o["name"] or o["uid"] or "?", o["id"], f"{o['parallelism'][0]} → {o['parallelism'][1]}")
+            self.console.print(ops)
         table = Table(title="In-flight data per exchange")
         for column in ("exchange", "partitioner", "records in", "records out", "bytes in", "bytes out",
                        "inflation", "replicas removed", "non-records dropped"):
@@ -199,7 +200,16 @@ class RichOutput(Output):
             table.add_row(e["name"], e["partitioner"], str(e["records_in"]), str(e["records_out"]),
                           human_bytes(e["bytes_in"]), human_bytes(e["bytes_out"]), f"{e['inflation']:.2f}",
                           str(e["replicas_removed"]), str(e["non_records_dropped"]))
-        self.console.print(table)
+        if report["exchanges"]:
+            self.console.print(table)
+        if report["dropped"]:
+            dropped = Table(title="In-flight data dropped")
+            for column in ("exchange", "buffers", "bytes", "records", "watermarks", "other"):
+                dropped.add_column(column, no_wrap=True)
+            for d in report["dropped"]:
+                dropped.add_row(d["name"], str(d["buffers"]), human_bytes(d["bytes"]), str(d["records"]),
+                                str(d["watermarks"]), str(d["other_elements"]))
+            self.console.print(dropped)
         self.console.print(
             f"records {report['records_in']} in, {report['records_out']} out, inflation {report['inflation']:.2f}, "
             f"replicas removed {report['replicas_removed']}, files written {report['files_written']}"

@@ -64,6 +64,10 @@ class FileIO(ABC):
     def write(self, uri: str, data: bytes) -> None:
         """Create ``uri`` with ``data``; fails if it exists (ckpt never overwrites)."""
 
+    @abstractmethod
+    def delete(self, uri: str) -> None:
+        """Remove a file ckpt wrote (used to leave nothing behind when a write fails)."""
+
 
 def io_for(uri: str) -> FileIO:
     """The FileIO for a URI's scheme."""

@@ -56,3 +56,14 @@ class LocalFileIO(FileIO):
             raise StorageError(f"{uri} already exists; ckpt never overwrites files") from exc
         except OSError as exc:
             raise StorageError(f"cannot write {uri}: {exc.strerror or exc}") from exc
+
+    def delete(self, uri: str) -> None:
+        path = self._path(uri)
+        try:
+            os.remove(path)
+            directory = os.path.dirname(path)
+            while directory and not os.listdir(directory):  # directories ckpt created, now empty
+                os.rmdir(directory)
+                directory = os.path.dirname(directory)
+        except OSError:
+            pass

@@ -91,3 +91,7 @@ class S3FileIO(FileIO):
             raise StorageError(f"{uri} already exists; ckpt never overwrites files")
         bucket, key = split_s3_uri(uri)
         self._call("write", uri, self.client.upload_fileobj, Fileobj=io.BytesIO(data), Bucket=bucket, Key=key)
+
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3_uri(uri)
+        self._call("delete", uri, self.client.delete_object, Bucket=bucket, Key=key)

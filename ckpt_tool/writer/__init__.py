@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 from ckpt_tool.errors import OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
@@ -23,6 +24,22 @@ def flink_path(uri: str) -> str:
 def check_destination(dst: str) -> None:
     if io_for(dst).exists(join(dst, METADATA_FILE)):
         raise OutputExistsError(f"{join(dst, METADATA_FILE)} already exists; choose a new destination")
+
+
+@contextmanager
+def fresh_destination(dst: str) -> Iterator[None]:
+    """Refuse a destination holding a checkpoint; if the work inside fails, remove every file it
+    added there, so that a failed command leaves nothing behind."""
+    check_destination(dst)
+    io = io_for(dst)
+    before = set(io.list(dst))
+    try:
+        yield
+    except BaseException:
+        for uri in io.list(dst):
+            if uri not in before:
+                io.delete(uri)
+        raise
 
 
 def relocate(src: Checkpoint, dst: str, progress: Progress = None) -> CheckpointMetadata:
