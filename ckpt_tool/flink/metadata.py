@@ -91,7 +91,10 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
             f"{source} has metadata version {version}; supported versions are "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.15 to 2.3)"
         )
-    return _MetadataReader(reader, version).read()
+    try:
+        return _MetadataReader(reader, version).read()
+    except RecursionError:
+        raise CheckpointFormatError(f"{source}: handles nested too deeply") from None
 
 
 class _MetadataReader:
