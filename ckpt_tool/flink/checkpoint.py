@@ -96,10 +96,17 @@ class Checkpoint:
         return sorted({uri for uri in found if uri is not None})
 
     def require_files(self) -> None:
-        """Fail with a clear error if a referenced file is missing."""
+        """Fail with a clear error if a referenced file is missing or not the size recorded."""
+        recorded: dict[str, int] = {}
+        for handle in iter_stream_handles(self.metadata):
+            if isinstance(handle, (FileHandle, RelativeFileHandle)):
+                recorded[self.location(handle)] = handle.size
         for uri in self.referenced_files():
             if not self.io.exists(uri):
                 raise StorageError(f"{uri} is missing: the checkpoint's _metadata references it")
+            size = recorded.get(uri, -1)
+            if size >= 0 and self.io.size(uri) != size:
+                raise StorageError(f"{uri} has {self.io.size(uri)} bytes, but the checkpoint's _metadata records {size}")
 
     def read_file(self, uri: str) -> bytes:
         if uri not in self._cache:
