@@ -19,8 +19,17 @@ from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="ckpt")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
-def cli(verbose: bool) -> None:
-    """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline."""
+@click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
+def cli(verbose: bool, s3_endpoint: str | None) -> None:
+    """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline.
+
+    CHECKPOINT, SRC and DST are local paths, file:// or s3:// URIs (s3a:// and s3p:// too).
+    S3 access uses boto3's default credential chain, AWS_PROFILE and region settings.
+    """
+    if s3_endpoint:
+        import os
+
+        os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint  # read by the S3 storage, also on Spark executors
 
 
 def parse_conf(pairs: tuple[str, ...]) -> dict[str, str]:

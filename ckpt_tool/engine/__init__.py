@@ -35,6 +35,21 @@ def _write_subtask_file(dst: str, group: tuple[str, int], routed) -> tuple[tuple
     return group, name, placed
 
 
+# What executors need to reach S3 with boto3 as the driver does (no Hadoop S3 jars involved).
+S3_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+    "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE", "CKPT_S3_ENDPOINT",
+)
+
+
+def executor_environment() -> dict[str, str]:
+    """``spark.executorEnv.*`` settings carrying the driver's S3 credentials and endpoint."""
+    import os
+
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
+
+
 class LocalEngine:
     name = "local"
 
@@ -82,7 +97,7 @@ class SparkEngine:
 
             builder = SparkSession.builder.master(self.master).appName("ckpt")
             builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-            for key, value in self.conf.items():
+            for key, value in {**executor_environment(), **self.conf}.items():
                 builder = builder.config(key, value)
             self._session = builder.getOrCreate()
             self._session.sparkContext.setLogLevel("ERROR")

@@ -8,12 +8,14 @@ records of one logical channel and returns small figures plus one digest per key
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
-from ckpt_tool.flink.channel_state import LogicalChannel, logical_channels, split_buffers
+from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.flink.channel_state import HEADER, LogicalChannel, logical_channels, split_buffers
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
 from ckpt_tool.records.elements import element_kind
@@ -21,6 +23,7 @@ from ckpt_tool.records.framing import split_records
 from ckpt_tool.records.keys import key_group_for_hash, key_group_range
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for
+from ckpt_tool.storage.base import is_s3
 
 
 @dataclass
@@ -42,10 +45,27 @@ class BufferSource:
     def buffers(self) -> list[bytes]:
         if self.inline is not None:
             return split_buffers(self.inline, self.offsets, "inline channel state")
+        if is_s3(self.location) and not self.segment:
+            return self._ranged_buffers()
         data = _read_file(self.location)
         if self.segment:
             data = data[self.segment[0]:self.segment[0] + self.segment[1]]
         return split_buffers(data, self.offsets, self.location)
+
+    def _ranged_buffers(self) -> list[bytes]:
+        """Object stores: two ranged GETs (the last buffer's length, then the span of all
+        buffers) instead of the whole file, which other subtasks' channels share."""
+        if not self.offsets:
+            return []
+        io = io_for(self.location)
+        first, last = min(self.offsets), max(self.offsets)
+        (last_length,) = struct.unpack(">i", io.read_range(self.location, last, 4))
+        if last_length < 0:
+            raise CheckpointFormatError(f"{self.location}: negative buffer length at offset {last}")
+        span = io.read_range(self.location, first, last + 4 + last_length - first)
+        # split_buffers expects a whole file: a fake header and the span at its offsets
+        shifted = [o - first + len(HEADER) for o in self.offsets]
+        return split_buffers(HEADER + span, shifted, self.location)
 
 
 @lru_cache(maxsize=16)

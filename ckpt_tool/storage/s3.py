@@ -35,9 +35,9 @@ class S3FileIO(FileIO):
         )
 
     @staticmethod
-    @lru_cache(maxsize=None)
     def default() -> "S3FileIO":
-        return S3FileIO(os.environ.get("CKPT_S3_ENDPOINT"))
+        """One client per endpoint setting: ``--s3-endpoint`` (CKPT_S3_ENDPOINT) or boto3's own."""
+        return _client_for(os.environ.get("CKPT_S3_ENDPOINT"), os.environ.get("AWS_ENDPOINT_URL"))
 
     def _call(self, what: str, uri: str, fn, **kwargs):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -95,3 +95,8 @@ class S3FileIO(FileIO):
     def delete(self, uri: str) -> None:
         bucket, key = split_s3_uri(uri)
         self._call("delete", uri, self.client.delete_object, Bucket=bucket, Key=key)
+
+
+@lru_cache(maxsize=8)
+def _client_for(endpoint: str | None, _aws_endpoint: str | None) -> S3FileIO:
+    return S3FileIO(endpoint)
