@@ -24,7 +24,8 @@ def tree_digest(directory) -> str:
     return digest.hexdigest()
 
 
-def test_relocated_checkpoint_restores_with_exact_count(fixture, tmp_path):
+def test_relocated_checkpoint_restores_with_exact_count(restorable, tmp_path):
+    fixture = restorable
     info = fixture.info
     before = tree_digest(fixture.directory)
     source = Checkpoint.open(str(fixture.checkpoint))
@@ -88,7 +89,8 @@ def rewrite_channel_state(source: Checkpoint):
     return metadata, files
 
 
-def test_channel_state_written_by_ckpt_restores_with_exact_count(fixture, tmp_path):
+def test_channel_state_written_by_ckpt_restores_with_exact_count(restorable, tmp_path):
+    fixture = restorable
     from ckpt_tool.flink.channel_state import logical_channels
     from ckpt_tool.records.framing import split_records
     from ckpt_tool.writer import write_checkpoint

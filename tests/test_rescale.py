@@ -18,19 +18,19 @@ from ckpt_tool.records.framing import split_records
 from ckpt_tool.records.schema import load_exchanges
 from ckpt_tool.rescale import RescaleError, plan_rescale, rescale
 from cli_util import run_ckpt
-from conftest import ALL_FIXTURES, FIXTURES
+from conftest import FIXTURES, RESTORABLE
 from test_flink_restore import tree_digest
 from test_record_scan import schema_for
 
 SCHEMA = str(FIXTURES / "countjob.schema.toml")
-TUPLE_JOB = [f for f in ALL_FIXTURES if f.info.get("job_kind", "tuple") == "tuple"]
+TUPLE_JOB = [f for f in RESTORABLE if f.info.get("job_kind", "tuple") == "tuple"]
 BASES = [f for f in TUPLE_JOB if not f.info.get("restored_from")]
 # each step rescales the previous step's output (the first step the fixture itself)
 CASES = (
     [(f, [3, 2]) for f in BASES]
     + [(f, [1, 4, 1]) for f in BASES]
     + [(f, [2]) for f in TUPLE_JOB if f.info.get("restored_from")]  # written by Flink at parallelism 3
-    + [(f, [3]) for f in ALL_FIXTURES if f.info.get("job_kind") in ("pojo", "sql")]
+    + [(f, [3]) for f in RESTORABLE if f.info.get("job_kind") in ("pojo", "sql")]
 )
 
 

@@ -1,0 +1,76 @@
+"""Unusable input gives exit code 2 and one clear line for every command, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.metadata import read_metadata
+from cli_util import run_ckpt
+from conftest import ALL_FIXTURES, FIXTURES
+
+BASE = next(f for f in ALL_FIXTURES if f.name == "flink120-hashmap-p2")  # channel state in a file
+
+
+def first_breaking_flip(data: bytes) -> bytes:
+    """The metadata with the first byte (after the header) whose flip Flink's format rejects."""
+    for position in range(24, len(data)):
+        broken = bytearray(data)
+        broken[position] ^= 0xFF
+        try:
+            read_metadata(bytes(broken))
+        except CkptError:
+            return bytes(broken)
+    raise AssertionError("no flip breaks the metadata")
+
+
+def damage(checkpoint, kind: str) -> None:
+    metadata = checkpoint / "_metadata"
+    data = metadata.read_bytes()
+    if kind == "truncated-metadata":
+        metadata.write_bytes(data[: len(data) // 2])
+    elif kind == "flipped-byte":
+        metadata.write_bytes(first_breaking_flip(data))
+    elif kind == "not-a-checkpoint":
+        metadata.unlink()
+    else:
+        channel_file = next(
+            u for u in Checkpoint.open(str(checkpoint)).referenced_files() if "/chk-" in u and u.rsplit("/", 1)[1] != "_metadata"
+        )
+        if kind == "missing-channel-state":
+            shutil.os.remove(channel_file)
+        else:
+            with open(channel_file, "r+b") as f:
+                f.truncate(10)
+
+
+KINDS = ["truncated-metadata", "flipped-byte", "not-a-checkpoint", "missing-channel-state", "truncated-channel-state"]
+COMMANDS = {
+    "inspect": lambda src, dst: ["inspect", src],
+    "verify": lambda src, dst: ["verify", src, "--engine", "local"],
+    "rescale": lambda src, dst: ["rescale", src, dst, "-p", "3", "--engine", "local", "--schema",
+                                 str(FIXTURES / "countjob.schema.toml"), "--plan", str(BASE.directory / "plan.json")],
+    "repair": lambda src, dst: ["repair", src, dst, "--engine", "local", "--schema",
+                                str(FIXTURES / "countjob.schema.toml"), "--plan", str(BASE.directory / "plan.json")],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_bad_input(capsys, tmp_path, command, kind):
+    job = tmp_path / "job"
+    shutil.copytree(BASE.checkpoint.parent, job)
+    checkpoint = job / BASE.checkpoint.name
+    damage(checkpoint, kind)
+    destination = tmp_path / "out"
+    code, out, err = run_ckpt(capsys, *COMMANDS[command](str(checkpoint), str(destination)))
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    if command == "verify" and out:  # the report names the damage, status unusable
+        assert "unusable" in out
+    else:
+        assert len(err.strip().splitlines()) == 1 and err.startswith("ckpt: error: ")
+    assert not destination.exists(), "a failed command left files behind"
