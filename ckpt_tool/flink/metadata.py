@@ -590,43 +590,52 @@ class _MetadataWriter:
             self.stream_handle(h.delegate)
 
 
-def iter_stream_handles(metadata: CheckpointMetadata) -> list:
-    """Every stream handle the checkpoint references (files and inline data), depth first."""
-    found: list = []
+def map_stream_handles(metadata: CheckpointMetadata, replace) -> None:
+    """Replace, in place, every stream handle the checkpoint references by ``replace(handle)``
+    (files and inline data; key-groups handles are looked through to their delegate)."""
 
-    def stream(h) -> None:
+    def stream(h):
         if h is None:
-            return
+            return None
         if isinstance(h, KeyGroupsHandle):
-            stream(h.delegate)
-        else:
-            found.append(h)
+            h.delegate = stream(h.delegate)
+            return h
+        return replace(h)
 
     def keyed(h) -> None:
-        if h is None:
-            return
         if isinstance(h, KeyGroupsHandle):
-            stream(h.delegate)
+            h.delegate = stream(h.delegate)
         elif isinstance(h, IncrementalKeyedHandle):
-            stream(h.meta)
+            h.meta = stream(h.meta)
             for item in h.shared + h.private:
-                stream(item.handle)
+                item.handle = stream(item.handle)
         elif isinstance(h, ChangelogBackendHandle):
             for inner in h.materialized + h.non_materialized:
                 keyed(inner)
         elif isinstance(h, ChangelogStreamHandle):
-            for inner, _ in h.handles_and_offsets:
-                stream(inner)
+            h.handles_and_offsets = [(stream(inner), offset) for inner, offset in h.handles_and_offsets]
 
     for op in metadata.operators:
-        stream(op.coordinator_state)
+        op.coordinator_state = stream(op.coordinator_state)
         for s in op.subtasks:
             for handle in (s.managed_operator, s.raw_operator):
                 if handle is not None:
-                    stream(handle.delegate)
+                    handle.delegate = stream(handle.delegate)
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:
-                stream(ch.delegate)
-    return found
+                ch.delegate = stream(ch.delegate)
+                for inner in getattr(ch, "channels", ()):
+                    inner.delegate = ch.delegate
 
+
+def iter_stream_handles(metadata: CheckpointMetadata) -> list:
+    """Every stream handle the checkpoint references (files and inline data), depth first."""
+    found: list = []
+
+    def collect(handle):
+        found.append(handle)
+        return handle
+
+    map_stream_handles(metadata, collect)
+    return found

@@ -8,7 +8,7 @@ from typing import Callable, Iterator, Optional
 
 from ckpt_tool.errors import OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
-from ckpt_tool.flink.metadata import iter_stream_handles, write_metadata
+from ckpt_tool.flink.metadata import map_stream_handles, write_metadata
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, join, normalize_uri, parent
 
@@ -58,33 +58,45 @@ def write_checkpoint(
     """Write ``metadata`` as a checkpoint at ``dst``.
 
     ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
-    ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there. Files of ``src`` that ``metadata`` still references and that lie inside
-    the source checkpoint or its job directory (RocksDB's ``shared/``) are copied to the same
-    relative place under ``dst`` and their handles re-pointed (``metadata`` is changed in place).
-    Files outside are left where they are. ``_metadata`` is written last.
+    ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there.
+    Files of ``src`` that ``metadata`` still references and that lie inside the source checkpoint
+    or its job directory (RocksDB's ``shared/``) are copied to the same relative place under
+    ``dst`` and referenced relative to it (``metadata`` is changed in place), so the output can
+    be moved. Files outside are left where they are. ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
     out = io_for(dst)
     job_dir = parent(src.uri)
     copies: dict[str, str] = {}
-    for handle in iter_stream_handles(metadata):
-        if isinstance(handle, RelativeFileHandle) and (
+    carried: set[int] = set()  # handles made here (a handle object may be reached more than once)
+
+    def carry(handle):
+        """Copy a file of the source into ``dst`` and refer to it relative to the checkpoint, so
+        that the output can be moved or downloaded and still restores."""
+        if id(handle) in carried or isinstance(handle, RelativeFileHandle) and (
             handle.relative_path in new_files or handle.relative_path in already_written
         ):
-            continue
+            return handle
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
-            continue
+            return handle
         location = src.location(handle)
-        if location.startswith(src.uri + "/"):
-            target = dst + location[len(src.uri):]
-        elif location.startswith(job_dir + "/"):
-            target = dst + location[len(job_dir):]
+        for base in (src.uri, job_dir):
+            if location.startswith(base + "/"):
+                relative = location[len(base) + 1:]
+                break
         else:
-            continue
-        copies[location] = target
-        if not isinstance(handle, RelativeFileHandle):
-            handle.path = flink_path(target)
+            return handle  # outside the source's directories: left where it is
+        copies[location] = join(dst, relative)
+        if isinstance(handle, SegmentFileHandle):
+            handle.path = flink_path(copies[location])
+            moved = handle
+        else:
+            moved = RelativeFileHandle(relative, handle.size)
+        carried.add(id(moved))
+        return moved
+
+    map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
     writes += [(target, lambda source=source: src.io.read(source)) for source, target in sorted(copies.items())]
     for done, (target, content) in enumerate(writes, start=1):
