@@ -144,6 +144,10 @@ def test_rescale_and_repair_on_s3_restore_in_flink(capsys, s3, tmp_path):
     repaired = "s3://e2e/out-repaired/job/" + BASE.checkpoint.name
     code, out, err = run_ckpt(capsys, "repair", rescaled, repaired, "--engine", "local", "--json", *inputs())
     assert code == 0, err
+    code, local_repair, err = run_ckpt(capsys, "repair", str(tmp_path / "local" / "chk"), str(tmp_path / "local-repaired"),
+                                       "--engine", "local", "--json", *inputs())
+    assert code == 0, err
+    assert json.loads(out)["exchanges"] == json.loads(local_repair)["exchanges"]
     assert etags(client, "in/") == before, "the input objects were changed"
     for prefix, parallelism in (("out-rescaled/", 3), ("out-repaired/", 3)):
         local = download(client, prefix, tmp_path / prefix.strip("/"))
@@ -163,3 +167,24 @@ def test_missing_object_is_a_clean_error(capsys, s3, tmp_path):
                             "--engine", "local", *inputs())
     assert code == 2 and "is missing" in err and "Traceback" not in err
     assert etags(client, "broken-out/") == {}
+
+
+def test_s3_endpoint_option(capsys, s3):
+    client, _, uri = s3
+    endpoint = os.environ.pop("AWS_ENDPOINT_URL")
+    try:
+        code, out, err = run_ckpt(capsys, "--s3-endpoint", endpoint, "inspect", "--json", uri)
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        os.environ.pop("CKPT_S3_ENDPOINT", None)
+    assert code == 0, err
+    assert json.loads(out)["checkpoint_id"] == BASE.expected["checkpoint_id"]
+
+
+def test_large_outputs_are_uploaded_in_parts(s3):
+    from ckpt_tool.storage.s3 import S3FileIO
+
+    client, _, _ = s3
+    S3FileIO.default().write("s3://e2e/large/object", bytes(20 * 1024 * 1024))
+    etag = client.head_object(Bucket="e2e", Key="large/object")["ETag"]
+    assert "-" in etag, "a multipart upload's ETag names its parts"

@@ -20,7 +20,7 @@ from ckpt_tool.flink.channel_state import ChannelStateFileBuilder
 from ckpt_tool.records.elements import element_kind
 from ckpt_tool.records.framing import split_records
 from ckpt_tool.records.keys import key_group_for_hash, operator_index_for_key_group
-from ckpt_tool.records.scan import ChannelTask, _key_function
+from ckpt_tool.records.scan import ChannelTask, cached_key_function
 from ckpt_tool.records.schema import Exchange
 
 BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
@@ -56,7 +56,7 @@ def route_channel(task: ChannelTask, spec: RouteSpec) -> RoutedChannel:
     outputs = [b for source in task.outputs for b in source.buffers()]
     framed = split_records(inputs + outputs)
     result = RoutedChannel(task.exchange_index)
-    key_of = _key_function(spec.exchange) if spec.exchange.keyed else None
+    key_of = cached_key_function(spec.exchange) if spec.exchange.keyed else None
     new_channel = task.upstream_subtask % spec.new_upstream_parallelism
     for sequence, raw in enumerate(framed.records):
         element = element_kind(raw)

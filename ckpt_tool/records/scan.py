@@ -134,7 +134,7 @@ def scan_channel(task: ChannelTask, exchange: Exchange) -> ChannelStats:
     )
     framed = split_records(inputs + outputs)
     stats.trailing_bytes = len(framed.trailing)
-    key_of = _key_function(exchange) if exchange.keyed else None
+    key_of = cached_key_function(exchange) if exchange.keyed else None
     owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
     for raw in framed.records:
         element = element_kind(raw)
@@ -156,7 +156,7 @@ def scan_channel(task: ChannelTask, exchange: Exchange) -> ChannelStats:
 _KEY_FUNCTIONS: dict = {}
 
 
-def _key_function(exchange: Exchange):
+def cached_key_function(exchange: Exchange):
     """Build each exchange's key function once per process (plug-ins are imported once)."""
     ident = (exchange.record_type, exchange.key, exchange.decoder)
     if ident not in _KEY_FUNCTIONS:

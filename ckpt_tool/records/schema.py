@@ -14,6 +14,7 @@ Schema file::
     partitioner = "HASH"           # HASH, FORWARD, REBALANCE, RESCALE, BROADCAST, CUSTOM
     type = "tuple<long,string>"    # the record type (see ckpt_tool.records.types)
     key = ["f0"]                   # key fields: one field is the key itself, several a TupleN
+    # name = "sources -> counter"   # optional, for your own reading
     # decoder = "my_module:key_of" # instead of type/key: a function(value: bytes) -> int key hash,
     #                               # or (int key hash, printable key)
 
@@ -55,7 +56,6 @@ class Exchange:
     record_type: Optional[str] = None
     key: tuple[Any, ...] = ()
     decoder: Optional[str] = None
-    name: str = ""
 
     @property
     def keyed(self) -> bool:
@@ -159,7 +159,6 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
                 record_type=record_type,
                 key=tuple(key if isinstance(key, list) else [key]),
                 decoder=entry.get("decoder"),
-                name=entry.get("name", ""),
             )
         )
     return exchanges
