@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup demo test fixtures clean
+.PHONY: setup demo test compat fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -29,6 +29,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -rs
+
+# Every Flink version's fixture: read, round trip, rescale restore, repair restore (a table).
+compat: setup
+	$(BIN)/python tests/compat_matrix.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py

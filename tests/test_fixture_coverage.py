@@ -26,8 +26,8 @@ def test_fixture_matrix_is_covered():
     assert any(f.info.get("restored_from") for f in ALL_FIXTURES), "a checkpoint taken during recovery"
 
 
-def test_channel_state_file_sharing_follows_the_flag(restorable):
-    fixture = restorable
+def test_channel_state_file_sharing_follows_the_flag(captured):
+    fixture = captured
     owners = channel_file_owners(Checkpoint.open(str(fixture.checkpoint)))
     if fixture.info["max_subtasks_per_channel_state_file"] == 1:
         assert all(len(subtasks) == 1 for subtasks in owners.values())
@@ -35,8 +35,8 @@ def test_channel_state_file_sharing_follows_the_flag(restorable):
         assert any(len(subtasks) > 1 for subtasks in owners.values())
 
 
-def test_backend_handles_and_finished_markers(restorable):
-    fixture = restorable
+def test_backend_handles_and_finished_markers(captured):
+    fixture = captured
     md = Checkpoint.open(str(fixture.checkpoint)).metadata
     keyed = [s.managed_keyed for op in md.operators for s in op.subtasks if s.managed_keyed]
     kind = IncrementalKeyedHandle if fixture.info["backend"] == "rocksdb" else KeyGroupsHandle

@@ -43,8 +43,9 @@ def test_relocated_checkpoint_restores_with_exact_count(restorable, tmp_path):
     assert count == info["source_records"]
 
 
-def test_java_reference_figures_are_current(fixture):
+def test_java_reference_figures_are_current(ci_fixture):
     """Re-run the Java reference reader (Flink's own classes) on the committed fixture."""
+    fixture = ci_fixture
     result = flink_env.run_java(
         fixture.info["flink_version"],
         "ReferenceReader",

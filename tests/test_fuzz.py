@@ -10,7 +10,7 @@ from ckpt_tool.flink.metadata import read_metadata
 from ckpt_tool.inspect import summarize
 from conftest import ALL_FIXTURES
 
-MUTATIONS_PER_FIXTURE = 1000
+MUTATIONS_PER_FIXTURE = 500
 
 
 def mutate(data: bytes, rng: random.Random) -> bytes:

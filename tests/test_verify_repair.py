@@ -52,8 +52,8 @@ def verify_json(capsys, checkpoint, fixture, *extra):
     return code, json.loads(out) if out else None, err
 
 
-def test_real_fixtures_are_sound(capsys, restorable, tmp_path):
-    fixture = restorable
+def test_real_fixtures_are_sound(capsys, captured, tmp_path):
+    fixture = captured
     junit = tmp_path / "verify.xml"
     code, report, err = verify_json(capsys, fixture.checkpoint, fixture, "--junit", str(junit))
     assert code == 0, err
