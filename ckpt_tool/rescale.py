@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ckpt_tool.assign.keyed import reassign_keyed
+from ckpt_tool.assign.keyed import merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Progress, duplicates_per_exchange
 from ckpt_tool.errors import CkptError
@@ -40,6 +40,7 @@ from ckpt_tool.storage import normalize_uri
 from ckpt_tool.writer import check_destination, fresh_destination, write_checkpoint
 
 REDISTRIBUTABLE = ("HASH", "REBALANCE", "RESCALE")
+CHANGELOG_HANDLE_SINCE = 4  # metadata version (Flink 1.16) that can hold ckpt's changelog handle
 
 
 class RescaleError(CkptError):
@@ -187,12 +188,21 @@ def _reassign_operator(
     source: Checkpoint, op: OperatorState, new_parallelism: int, files: dict[str, bytes]
 ) -> list[SubtaskState]:
     live = [s for s in op.subtasks if not s.finished]
-    keyed = {
-        field_name: reassign_keyed(
-            [getattr(s, field_name) for s in live], op.max_parallelism, new_parallelism, source.metadata.checkpoint_id
+    keyed = {}
+    for field_name in ("managed_keyed", "raw_keyed"):
+        merge = None
+        if source.metadata.version < CHANGELOG_HANDLE_SINCE:
+
+            def merge(parts, wanted, index, field_name=field_name):
+                name = f"ckpt-{field_name}-{op.id_hex}-{index}"
+                handle, data = merge_key_groups(parts, wanted, source.handle_bytes, name)
+                files[name] = data
+                return handle
+
+        keyed[field_name] = reassign_keyed(
+            [getattr(s, field_name) for s in live], op.max_parallelism, new_parallelism,
+            source.metadata.checkpoint_id, merge,
         )
-        for field_name in ("managed_keyed", "raw_keyed")
-    }
     operator = {}
     for field_name in ("managed_operator", "raw_operator"):
         handles, new_files = reassign_operator_state(

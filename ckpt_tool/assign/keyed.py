@@ -9,6 +9,9 @@ handle is shared whole by every new subtask whose range it overlaps (RocksDB cli
 they go into one ``ChangelogStateBackendHandle`` as its materialized part with no changelog:
 a job without the changelog backend restores it through Flink's
 ``DeactivatedChangelogStateBackend``, which restores the materialized handles with rescaling.
+Flink 1.15 (metadata v3) has neither; there the key-group blocks of several hashmap files are
+merged into one new file (``merge_key_groups``), and RocksDB state that would need several
+handles is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.metadata import CHANGELOG_V2
-from ckpt_tool.flink.model import ChangelogBackendHandle, IncrementalKeyedHandle, KeyGroupsHandle
+from ckpt_tool.flink.model import ChangelogBackendHandle, IncrementalKeyedHandle, KeyGroupsHandle, RelativeFileHandle
 from ckpt_tool.records.keys import key_group_range
 
 
@@ -57,10 +60,38 @@ def _size(handle) -> int:
     return handle.delegate.size if handle.delegate else 0
 
 
+def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str):
+    """One key-groups handle over ``wanted`` from blocks of several heap snapshot files.
+
+    A file is a header (the serialization proxy naming the states) then one block per key group,
+    in key-group order; a block runs from its offset to the next one, or to the end of the file.
+    Returns the handle (delegate: the new file, relative to the checkpoint) and the file's bytes.
+    """
+    headers, blocks = set(), {}
+    for handle, groups in parts:
+        data = read(handle.delegate)
+        ends = sorted(set(handle.offsets)) + [len(data)]
+        headers.add(data[: ends[0]])
+        for group in groups:
+            start = handle.offsets[group - handle.start_key_group]
+            blocks[group] = data[start:ends[ends.index(start) + 1]]
+    if len(headers) != 1:
+        raise KeyedStateError("old subtasks' keyed state files describe their states differently")
+    merged = bytearray(headers.pop())
+    offsets = []
+    for group in wanted:
+        offsets.append(len(merged))
+        merged += blocks.get(group, b"")
+    return KeyGroupsHandle(3, wanted.start, offsets, RelativeFileHandle(name, len(merged))), bytes(merged)
+
+
 def reassign_keyed(
-    old_handles: list, max_parallelism: int, new_parallelism: int, checkpoint_id: int
+    old_handles: list, max_parallelism: int, new_parallelism: int, checkpoint_id: int, merge=None
 ) -> list[Optional[object]]:
-    """One keyed handle (or None) per new subtask, from the old subtasks' handles."""
+    """One keyed handle (or None) per new subtask, from the old subtasks' handles.
+
+    ``merge(parts, wanted, index)``, where given, combines several key-groups handles instead of a
+    changelog handle (for metadata without one)."""
     pieces = [p for h in old_handles for p in _pieces(h)]
     result = []
     for index in range(new_parallelism):
@@ -72,6 +103,18 @@ def reassign_keyed(
                 parts.append(part)
         if len(parts) <= 1:
             result.append(parts[0] if parts else None)
+            continue
+        if merge is not None:
+            if not all(isinstance(p, KeyGroupsHandle) for p in parts):
+                raise KeyedStateError(
+                    "this Flink version's metadata holds one keyed handle per subtask and no changelog handle: "
+                    "RocksDB state of several old subtasks cannot be combined; choose a parallelism where each "
+                    "new subtask's key groups come from one old subtask"
+                )
+            originals = [(p, range(max(wanted.start, p.start_key_group),
+                                   min(wanted.stop, p.start_key_group + len(p.offsets)))) for p in pieces
+                         if isinstance(p, KeyGroupsHandle)]
+            result.append(merge([(p, r) for p, r in originals if len(r)], wanted, index))
             continue
         result.append(
             ChangelogBackendHandle(
