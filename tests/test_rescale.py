@@ -146,3 +146,18 @@ def test_cli_dry_run_writes_nothing_and_existing_destination_is_refused(capsys, 
     assert "inflation 1.00" in out and (tmp_path / "real" / "_metadata").exists()
     code, _, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
     assert code == 2 and "already exists" in err
+
+
+@pytest.mark.flink
+def test_merged_key_group_files_restore(tmp_path, monkeypatch):
+    """The metadata-v3 path (Flink 1.15: no changelog handle) merges key-group files; forced here on
+    a 1.20 checkpoint so that CI's Flink proves the merged files."""
+    import ckpt_tool.rescale as rescale_module
+
+    monkeypatch.setattr(rescale_module, "CHANGELOG_HANDLE_SINCE", 99)
+    fixture = next(f for f in BASES if f.name == "flink120-hashmap-p2")
+    for parallelism, rescaled, report in run_path(fixture, [1], tmp_path, LocalEngine()):
+        keyed = [s.managed_keyed for op in rescaled.metadata.operators for s in op.subtasks if s.managed_keyed]
+        assert keyed and all(type(h).__name__ == "KeyGroupsHandle" for h in keyed)
+        count = flink_env.restore_count(fixture.info["flink_version"], rescaled.uri, parallelism, backend="hashmap")
+        assert count == fixture.info["source_records"]
