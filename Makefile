@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup demo test compat fixtures clean
+.PHONY: setup demo test compat bench fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ test: setup
 # Every Flink version's fixture: read, round trip, rescale restore, repair restore (a table).
 compat: setup
 	$(BIN)/python tests/compat_matrix.py
+
+# Rescale against the I/O floor (cp -r) on generated checkpoints; see bench/run.py.
+bench: setup
+	$(BIN)/python bench/run.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py

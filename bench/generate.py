@@ -1,0 +1,113 @@
+"""Large checkpoints in Flink's real format, for benchmarks.
+
+Starts from the real fixture flink23-hashmap-p2 (Flink 2.3, CountJob), rescales it with ckpt to
+the wanted parallelism (so keyed, operator and finished state are Flink's), then fills the input
+channels of the keyed operator with synthetic in-flight records of the job's own type,
+``Tuple2<Long,String>`` keyed by f0 in 0..127, each placed in the subtask that owns its key group.
+Restoring the result, CountJob counts its source records plus every generated record.
+
+    python bench/generate.py OUT_DIR --parallelism 64 --bytes 100000000 [--files-per-subtask 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckpt_tool.engine import LocalEngine  # noqa: E402
+from ckpt_tool.flink.channel_state import ChannelStateFileBuilder  # noqa: E402
+from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
+from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
+from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
+from ckpt_tool.records.route import pack_buffers  # noqa: E402
+from ckpt_tool.records.schema import load_exchanges  # noqa: E402
+from ckpt_tool.rescale import plan_rescale, rescale  # noqa: E402
+from ckpt_tool.writer import write_checkpoint  # noqa: E402
+
+FIXTURE = ROOT / "fixtures" / "flink23-hashmap-p2"
+SCHEMA = ROOT / "fixtures" / "countjob.schema.toml"
+SLOW_COUNT = "0a6c3d247193df04622ad9b3b66741a5"
+NUM_KEYS = 128
+
+
+def record(key: int, sequence: int) -> bytes:
+    """A StreamRecord with timestamp of Tuple2<Long,String>(key, payload), as Flink serializes it."""
+    text = f"bench-{sequence}-" + "x" * (20 + sequence % 80)
+    encoded = bytes([len(text) + 1]) + text.encode("ascii")  # StringValue: length+1 varint, ASCII chars
+    return b"\x00" + struct.pack(">qq", sequence, key) + encoded
+
+
+def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: int = 1) -> dict:
+    base = Checkpoint.open(str(next(FIXTURE.glob("*/chk-*"))))
+    staged = out.parent / (out.name + ".base")
+    exchanges = load_exchanges(base.metadata, str(SCHEMA), str(FIXTURE / "plan.json"))
+    rescale(base, str(staged), plan_rescale(base.metadata, parallelism, {}, exchanges), LocalEngine())
+    source = Checkpoint.open(str(staged))
+    metadata = copy.deepcopy(source.metadata)
+    slow = metadata.operator(SLOW_COUNT)
+    owner = {
+        key: operator_index_for_key_group(slow.max_parallelism, parallelism, key_group_for_hash(long_hash(key), slow.max_parallelism))
+        for key in range(NUM_KEYS)
+    }
+    keys_of = {d: [k for k, o in owner.items() if o == d] for d in range(parallelism)}
+    per_channel = max(1, total_bytes // (parallelism * parallelism))
+    files, generated, sequence = {}, 0, 0
+    for subtask in slow.subtasks:
+        keys = keys_of[subtask.index]
+        if not keys:
+            continue
+        builders = [ChannelStateFileBuilder() for _ in range(files_per_subtask)]
+        names = [f"bench-inflight-{subtask.index}-{i}" for i in range(files_per_subtask)]
+        delegates = [RelativeFileHandle(name, 0) for name in names]
+        existing = {h.info: h for h in subtask.channel_handles(INPUT)}
+        handles = []
+        for upstream in range(parallelism):
+            if (0, upstream) in existing:  # the fixture's own in-flight data stays where it is
+                handles.append(existing[(0, upstream)])
+                continue
+            records, size = [], 0
+            while size < per_channel:
+                raw = record(keys[sequence % len(keys)], sequence)
+                records.append(raw)
+                size += 4 + len(raw)
+                sequence += 1
+            generated += len(records)
+            which = upstream % files_per_subtask
+            offsets, state_size = builders[which].add(pack_buffers(records))
+            handles.append(ChannelStateHandle(INPUT, subtask.index, (0, upstream), offsets, state_size, delegates[which]))
+        for name, builder, delegate in zip(names, builders, delegates):
+            files[name] = builder.getvalue()
+            delegate.size = len(files[name])
+        subtask.input_channels = handles + [h for h in subtask.channel_handles(INPUT) if h.info[0] != 0]
+    write_checkpoint(source, metadata, str(out), files)
+    info = {
+        "parallelism": parallelism,
+        "generated_records": generated,
+        "expected_count": json.loads((FIXTURE / "fixture.json").read_text())["source_records"] + generated,
+        "channel_state_bytes": sum(len(d) for d in files.values()),
+        "files": len(files),
+    }
+    (out.parent / (out.name + ".json")).write_text(json.dumps(info, indent=1))
+    return info
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out")
+    parser.add_argument("--parallelism", type=int, default=64)
+    parser.add_argument("--bytes", type=int, default=100_000_000)
+    parser.add_argument("--files-per-subtask", type=int, default=1)
+    args = parser.parse_args()
+    print(json.dumps(generate(Path(args.out), args.parallelism, args.bytes, args.files_per_subtask)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
