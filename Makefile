@@ -1,4 +1,4 @@
-# `make demo` and `make test` work on a fresh machine with Python 3.10+, Java 17 and javac:
+# `make demo` and `make test` work on a fresh machine with Python 3.11+, Java 17 and javac:
 # each creates the virtualenv it needs. Real Flink is downloaded once into
 # $(CKPT_FLINK_CACHE) (default ~/.cache/ckpt-flink), never into the repository.
 PYTHON ?= python3
