@@ -100,7 +100,7 @@ def plan_rescale(
         except KeyError:
             raise RescaleError(f"--operator {ref}: no such operator (use its uid, name or id)") from None
     for op in metadata.operators:
-        label = op.uid or op.name or op.id_hex
+        label = op.label
         if new[op.id_hex] < 1:
             raise RescaleError(f"operator {label}: parallelism must be at least 1")
         if new[op.id_hex] > op.max_parallelism:
@@ -131,20 +131,16 @@ def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: l
         if op.id_hex in dropped_ids and op.id_hex not in covered and any(
             s.channel_handles(INPUT) for s in op.subtasks
         ):
-            raise RescaleError(f"--drop-in-flight {_label_of(op)}: no exchange in --plan/--schema leads into it")
+            raise RescaleError(f"--drop-in-flight {op.label}: no exchange in --plan/--schema leads into it")
     _check_channel_state(metadata, plan, reroute_keyed=True)
     return plan
-
-
-def _label_of(op: OperatorState) -> str:
-    return op.uid or op.name or op.id_hex
 
 
 def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
     """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
     known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
     known_outputs = {(e.upstream_id, e.partition): i for i, e in enumerate(plan.exchanges) if e.upstream_id}
-    names = {op.id_hex: op.uid or op.name or op.id_hex for op in metadata.operators}
+    names = {op.id_hex: op.label for op in metadata.operators}
     holding: set[int] = set()
     for op in metadata.operators:
         for direction, known in ((INPUT, known_inputs), (OUTPUT, known_outputs)):
@@ -302,7 +298,7 @@ def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: b
 
 
 def _exchange_report(exchanges, counters, duplicates, written, source: Checkpoint) -> list[dict]:
-    names = {op.id_hex: op.uid or op.name or op.id_hex for op in source.metadata.operators}
+    names = {op.id_hex: op.label for op in source.metadata.operators}
     result = []
     for index, exchange in enumerate(exchanges):
         mine = [c for c in counters if c.exchange_index == index]
@@ -336,7 +332,7 @@ def _dropped_report(exchanges: list[Exchange], source: Checkpoint, engine) -> li
     """Exactly what dropping these exchanges' in-flight data removes."""
     from ckpt_tool.inspect import exchanges_summary
 
-    names = {op.id_hex: _label_of(op) for op in source.metadata.operators}
+    names = {op.id_hex: op.label for op in source.metadata.operators}
     return [
         {
             "upstream": e["upstream"],

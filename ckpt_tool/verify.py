@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.channel_state import HEADER, split_buffers
+from ckpt_tool.flink.channel_state import split_buffers
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import iter_stream_handles
-from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, FileHandle, RelativeFileHandle
+from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
 from ckpt_tool.inspect import exchanges_summary
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
@@ -74,26 +73,9 @@ class VerifyReport:
         }
 
 
-def _label(op) -> str:
-    return op.uid or op.name or op.id_hex
-
-
 def check_files(cp: Checkpoint) -> CheckResult:
     result = CheckResult("files", "every referenced file exists with its recorded size", unusable=True)
-    seen = set()
-    for handle in iter_stream_handles(cp.metadata):
-        if not isinstance(handle, (FileHandle, RelativeFileHandle)):
-            continue
-        uri = cp.location(handle)
-        if uri in seen:
-            continue
-        seen.add(uri)
-        if not cp.io.exists(uri):
-            result.problems.append(Problem("files", f"{uri} is missing"))
-        elif handle.size >= 0 and cp.io.size(uri) != handle.size:
-            result.problems.append(
-                Problem("files", f"{uri} has {cp.io.size(uri)} bytes, the metadata records {handle.size}")
-            )
+    result.problems = [Problem("files", message) for message in cp.file_problems()]
     return result
 
 
@@ -110,11 +92,11 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                     channel = f"{direction} {h.info[0]}/{h.info[1]}"
                     if h.info in infos:
                         handles.problems.append(Problem("channel-handles", f"two handles for {channel}",
-                                                        _label(op), s.index, channel))
+                                                        op.label, s.index, channel))
                     infos.add(h.info)
                     if h.subtask_index != s.index:
                         handles.problems.append(Problem("channel-handles", f"handle names subtask {h.subtask_index}",
-                                                        _label(op), s.index, channel))
+                                                        op.label, s.index, channel))
                     if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
                         continue
                     where = cp.location(h.delegate) or "inline channel state"
@@ -122,17 +104,15 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                         data = cp.handle_bytes(h.delegate)
                         payloads = split_buffers(data, h.offsets, where)
                     except CkptError as exc:
-                        buffers.problems.append(Problem("channel-state", str(exc), _label(op), s.index, channel))
+                        buffers.problems.append(Problem("channel-state", str(exc), op.label, s.index, channel))
                         continue
-                    if data[: len(HEADER)] != HEADER:
-                        buffers.problems.append(Problem("channel-state", f"{where}: bad header", _label(op), s.index, channel))
                     for payload in payloads:
                         if len(payload) >= REPLICA_MIN_BUFFER_BYTES:
                             digests[hashlib.blake2b(payload, digest_size=16).digest() + direction.encode()].add(s.index)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
             replicas.problems.append(Problem(
-                "buffer-replicas", f"{copies} buffer copies are held by more than one subtask", _label(op), count=copies
+                "buffer-replicas", f"{copies} buffer copies are held by more than one subtask", op.label, count=copies
             ))
     return [buffers, handles, replicas]
 
@@ -144,12 +124,12 @@ def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
     for op in cp.metadata.operators:
         if not 1 <= op.parallelism <= op.max_parallelism:
             parallelism.problems.append(Problem(
-                "parallelism", f"parallelism {op.parallelism} outside 1..{op.max_parallelism}", _label(op)))
+                "parallelism", f"parallelism {op.parallelism} outside 1..{op.max_parallelism}", op.label))
         indexes = [s.index for s in op.subtasks]
         if len(set(indexes)) != len(indexes) or any(not 0 <= i < op.parallelism for i in indexes):
-            parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", _label(op)))
+            parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", op.label))
         if op.fully_finished and op.coordinator_state is not None:
-            finished.problems.append(Problem("finished-markers", "fully finished but has coordinator state", _label(op)))
+            finished.problems.append(Problem("finished-markers", "fully finished but has coordinator state", op.label))
     return [parallelism, finished]
 
 
@@ -162,7 +142,7 @@ def check_records(cp: Checkpoint, exchanges, engine) -> list[CheckResult]:
                              ran=placement.ran)
     if exchanges is None:
         return [framing, placement, duplicates]
-    names = {op.id_hex: _label(op) for op in cp.metadata.operators}
+    names = {op.id_hex: op.label for op in cp.metadata.operators}
     for exchange in exchanges_summary(cp, exchanges, engine):
         label = f"{names.get(exchange['upstream'], '?')} -> {names[exchange['downstream']]}"
         for ch in exchange["channels"]:

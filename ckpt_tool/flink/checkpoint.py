@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
@@ -95,18 +96,25 @@ class Checkpoint:
         found = (self.location(h) for h in iter_stream_handles(self.metadata))
         return sorted({uri for uri in found if uri is not None})
 
-    def require_files(self) -> None:
-        """Fail with a clear error if a referenced file is missing or not the size recorded."""
+    def file_problems(self) -> Iterator[str]:
+        """One message per referenced file that is missing or not the size ``_metadata`` records."""
         recorded: dict[str, int] = {}
         for handle in iter_stream_handles(self.metadata):
             if isinstance(handle, (FileHandle, RelativeFileHandle)):
                 recorded[self.location(handle)] = handle.size
         for uri in self.referenced_files():
             if not self.io.exists(uri):
-                raise StorageError(f"{uri} is missing: the checkpoint's _metadata references it")
-            size = recorded.get(uri, -1)
-            if size >= 0 and self.io.size(uri) != size:
-                raise StorageError(f"{uri} has {self.io.size(uri)} bytes, but the checkpoint's _metadata records {size}")
+                yield f"{uri} is missing: the checkpoint's _metadata references it"
+                continue
+            expected = recorded.get(uri, -1)
+            actual = self.io.size(uri) if expected >= 0 else expected
+            if actual != expected:
+                yield f"{uri} has {actual} bytes, but the checkpoint's _metadata records {expected}"
+
+    def require_files(self) -> None:
+        """Fail with a clear error if a referenced file is missing or not the size recorded."""
+        for problem in self.file_problems():
+            raise StorageError(problem)
 
     def read_file(self, uri: str) -> bytes:
         if uri not in self._cache:

@@ -284,6 +284,11 @@ class OperatorState:
         return self.operator_id.hex()
 
     @property
+    def label(self) -> str:
+        """How messages name the operator: its uid, else its name, else its id."""
+        return self.uid or self.name or self.id_hex
+
+    @property
     def finished(self) -> str:
         """``"all"``, ``"partial"`` or ``"none"``, as FLIP-147 finished markers say."""
         if self.fully_finished:
