@@ -3,7 +3,9 @@
 Starts from the real fixture flink23-hashmap-p2 (Flink 2.3, CountJob), rescales it with ckpt to
 the wanted parallelism (so keyed, operator and finished state are Flink's), then fills the input
 channels of the keyed operator with synthetic in-flight records of the job's own type,
-``Tuple2<Long,String>`` keyed by f0 in 0..127, each placed in the subtask that owns its key group.
+``Tuple2<Long,String>`` keyed by f0 in 0..1023, each placed in the subtask that owns its key group.
+Every input channel of a subtask gets the same block of records (generation stays fast; the
+copies are on different upstream channels, so they are distinct records to Flink and to ckpt).
 Restoring the result, CountJob counts its source records plus every generated record.
 
     python bench/generate.py OUT_DIR --parallelism 64 --bytes 100000000 [--files-per-subtask 1]
@@ -26,7 +28,7 @@ from ckpt_tool.flink.channel_state import ChannelStateFileBuilder  # noqa: E402
 from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
 from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
-from ckpt_tool.records.route import pack_buffers  # noqa: E402
+from ckpt_tool.records.route import BUFFER_SIZE  # noqa: E402
 from ckpt_tool.records.schema import load_exchanges  # noqa: E402
 from ckpt_tool.rescale import plan_rescale, rescale  # noqa: E402
 from ckpt_tool.writer import write_checkpoint  # noqa: E402
@@ -34,7 +36,7 @@ from ckpt_tool.writer import write_checkpoint  # noqa: E402
 FIXTURE = ROOT / "fixtures" / "flink23-hashmap-p2"
 SCHEMA = ROOT / "fixtures" / "countjob.schema.toml"
 SLOW_COUNT = "0a6c3d247193df04622ad9b3b66741a5"
-NUM_KEYS = 128
+NUM_KEYS = 1024
 
 
 def record(key: int, sequence: int) -> bytes:
@@ -59,6 +61,7 @@ def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: i
     keys_of = {d: [k for k, o in owner.items() if o == d] for d in range(parallelism)}
     per_channel = max(1, total_bytes // (parallelism * parallelism))
     files, generated, sequence = {}, 0, 0
+    blocks = {}
     for subtask in slow.subtasks:
         keys = keys_of[subtask.index]
         if not keys:
@@ -72,15 +75,19 @@ def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: i
             if (0, upstream) in existing:  # the fixture's own in-flight data stays where it is
                 handles.append(existing[(0, upstream)])
                 continue
-            records, size = [], 0
-            while size < per_channel:
-                raw = record(keys[sequence % len(keys)], sequence)
-                records.append(raw)
-                size += 4 + len(raw)
-                sequence += 1
-            generated += len(records)
+            if subtask.index not in blocks:
+                records, size = [], 0
+                while size < per_channel:
+                    raw = record(keys[sequence % len(keys)], sequence)
+                    records.append(struct.pack(">i", len(raw)) + raw)
+                    size += len(records[-1])
+                    sequence += 1
+                stream = b"".join(records)
+                blocks[subtask.index] = (len(records), [stream[i:i + BUFFER_SIZE] for i in range(0, len(stream), BUFFER_SIZE)])
+            count, buffers = blocks[subtask.index]
+            generated += count
             which = upstream % files_per_subtask
-            offsets, state_size = builders[which].add(pack_buffers(records))
+            offsets, state_size = builders[which].add(buffers)
             handles.append(ChannelStateHandle(INPUT, subtask.index, (0, upstream), offsets, state_size, delegates[which]))
         for name, builder, delegate in zip(names, builders, delegates):
             files[name] = builder.getvalue()

@@ -31,18 +31,40 @@ CKPT = [sys.executable, "-m", "ckpt_tool.cli.main"]
 GIB = 1024**3
 
 
+def _rss_mb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _driver_pids(pid: int) -> list[int]:
+    """The process and its JVM (Spark's driver, which in local mode also runs the executor),
+    without Spark's Python workers (they belong to the executor side)."""
+    pids = [pid]
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if Path(f"/proc/{pid}").exists() else []:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"java" in command:
+            pids.append(int(child))
+    return pids
+
+
 def timed(command: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (MiB) of the process itself, and its stdout."""
+    """Wall seconds, peak RSS (MiB) of the driver (the process and its JVM), and its stdout."""
+    subprocess.run(["sync"], check=True)  # each timed command starts with no dirty pages to write
     start = time.perf_counter()
     output = tempfile.TemporaryFile(mode="w+")  # not a pipe: a large output must not block the process
     process = subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL, text=True)
     peak = 0
-    status = Path(f"/proc/{process.pid}/status")
     while process.poll() is None:
         try:
-            for line in status.read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = max(peak, int(line.split()[1]) // 1024)
+            peak = max(peak, sum(_rss_mb(p) for p in _driver_pids(process.pid)))
         except OSError:
             pass
         time.sleep(0.05)
@@ -65,7 +87,7 @@ def bench_size(work: Path, gib: float) -> dict:
     info = generate(source, 64, int(gib * GIB))
     copy_seconds, _, _ = timed(["cp", "-r", str(source), str(work / f"copy-{gib}")])
     target = work / f"out-{gib}" / "job" / "chk-3"
-    seconds, rss, out = timed([*CKPT, "rescale", str(source), str(target), "-p", "48", "--json",
+    seconds, rss, out = timed([*CKPT, "rescale", str(source), str(target), "-p", "48", "--json", "--engine", "spark",
                                "--plan", str(FIXTURE / "plan.json"), "--schema", str(SCHEMA)])
     report = json.loads(out)
     size_in = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
@@ -101,9 +123,9 @@ def main() -> int:
                   f"ratio_vs_cp={r['ratio_vs_cp']:.1f} records_per_s={r['records_per_s']:.0f} "
                   f"bytes_out_over_in={r['bytes_out_over_in']:.3f} inflation={r['inflation']:.2f} "
                   f"peak_rss_mb={r['peak_rss_mb']}")
-        if len(rows) > 1:
-            first, last = rows[0], rows[-1]
-            print(f"scaling: {last['gib'] / first['gib']:.0f}x the data in {last['rescale_s'] / first['rescale_s']:.1f}x the time")
+        for small, large in zip(rows, rows[1:]):
+            print(f"scaling: {large['gib'] / small['gib']:.0f}x the data ({small['gib']} -> {large['gib']} GiB) "
+                  f"in {large['rescale_s'] / small['rescale_s']:.2f}x the time", flush=True)
         inspect_s = inspect_10k_seconds(work)
         last = rows[-1]
         print(f"ratio_vs_cp={last['ratio_vs_cp']:.1f} inflation={last['inflation']:.2f} "

@@ -21,7 +21,7 @@ from typing import Optional
 
 from ckpt_tool.assign.keyed import merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
-from ckpt_tool.engine import Progress, duplicates_per_exchange
+from ckpt_tool.engine import Progress, duplicates_per_exchange, inflight_file_name
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import (
@@ -33,7 +33,7 @@ from ckpt_tool.flink.model import (
     RelativeFileHandle,
     SubtaskState,
 )
-from ckpt_tool.records.route import RouteSpec, replica_copies
+from ckpt_tool.records.route import RouteSpec, route_tasks
 from ckpt_tool.records.scan import channel_tasks
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import normalize_uri
@@ -242,27 +242,31 @@ def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: b
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
     rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
 
-    tasks = channel_tasks(source, rescaled)
-    _, holders = engine.scan(tasks, rescaled) if tasks else ({}, {})
+    channels = channel_tasks(source, rescaled)
     specs = [
         RouteSpec(
             exchange,
             plan.new[exchange.upstream_id],
             plan.new[exchange.downstream_id],
             source.metadata.operator(exchange.downstream_id).max_parallelism,
-            plan.old[exchange.downstream_id],
-            replica_copies({d: s for (i, d), s in holders.items() if i == index}),
         )
-        for index, exchange in enumerate(rescaled)
+        for exchange in rescaled
     ]
-    counters, written = ([], []) if dry_run else engine.route(tasks, specs, dst, progress)
+    if dry_run:  # replicas from a scan; nothing is routed or written
+        routed, duplicates = [], duplicates_per_exchange(engine.scan(channels, rescaled)[1] if channels else {})
+    else:
+        tasks = route_tasks(
+            channels, specs, lambda i, c: inflight_file_name(rescaled[i].downstream_id, rescaled[i].gate, c)
+        )
+        routed, duplicates = engine.route(tasks, specs, dst, progress), {}
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = {}
-    for (downstream_id, subtask), name, placed in written:
-        delegate = RelativeFileHandle(name, 4 + sum(size for _, size, _ in placed.values()))
-        new_inputs[(downstream_id, subtask)] = [
-            ChannelStateHandle(INPUT, subtask, channel, offsets, size, delegate)
-            for channel, (offsets, size, _) in sorted(placed.items())
-        ]
+    for written in routed:
+        exchange = rescaled[written.exchange_index]
+        delegate = RelativeFileHandle(written.file_name, written.file_size)
+        for subtask, (offsets, size, _) in written.placed.items():
+            new_inputs.setdefault((exchange.downstream_id, subtask), []).append(
+                ChannelStateHandle(INPUT, subtask, (exchange.gate, written.new_channel), offsets, size, delegate)
+            )
 
     files: dict[str, bytes] = {}
     for op in metadata.operators:
@@ -285,30 +289,29 @@ def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: b
         for s in op.subtasks:
             if s.finished:
                 continue
-            s.input_channels = kept_inputs.get(s.index, []) + new_inputs.get((op.id_hex, s.index), [])
+            new = sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
+            s.input_channels = kept_inputs.get(s.index, []) + new
             s.output_channels = kept_outputs.get(s.index, [])
 
-    report.exchanges = _exchange_report(rescaled, counters, duplicates_per_exchange(holders), written, source)
+    report.exchanges = _exchange_report(rescaled, routed, duplicates, source)
     report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], source, engine)
     if dry_run:
         return report
-    report.files_written = len(written) + len(files)
-    write_checkpoint(source, metadata, dst, files, progress, frozenset(name for _, name, _ in written))
+    report.files_written = len(routed) + len(files)
+    write_checkpoint(source, metadata, dst, files, progress, frozenset(r.file_name for r in routed))
     return report
 
 
-def _exchange_report(exchanges, counters, duplicates, written, source: Checkpoint) -> list[dict]:
+def _exchange_report(exchanges, routed, duplicates, source: Checkpoint) -> list[dict]:
+    """Per rescaled exchange: what was routed (in a dry run, only the replicas a scan found)."""
     names = {op.id_hex: op.label for op in source.metadata.operators}
     result = []
     for index, exchange in enumerate(exchanges):
-        mine = [c for c in counters if c.exchange_index == index]
-        placed = [
-            figures for (downstream_id, _), _, channels in written if downstream_id == exchange.downstream_id
-            for (gate, _), figures in channels.items() if gate == exchange.gate
-        ]
-        records_in = sum(c.records_in for c in mine)
+        mine = [r for r in routed if r.exchange_index == index]
+        placed = [figures for r in mine for figures in r.placed.values()]
+        records_in = sum(r.records_in for r in mine)
         records_out = sum(records for _, _, records in placed)
-        removed = sum(c.replicas_removed for c in mine)
+        removed = sum(r.replicas_removed for r in mine)
         result.append({
             "upstream": exchange.upstream_id,
             "downstream": exchange.downstream_id,
@@ -317,12 +320,12 @@ def _exchange_report(exchanges, counters, duplicates, written, source: Checkpoin
             "partitioner": exchange.partitioner or "HASH",
             "records_in": records_in,
             "records_out": records_out,
-            "bytes_in": sum(c.bytes_in for c in mine),
+            "bytes_in": sum(r.bytes_in for r in mine),
             "bytes_out": sum(size - 4 * len(offsets) for offsets, size, _ in placed),
             "inflation": _ratio(records_out, records_in - removed),
-            "replicas_found": duplicates.get(index, 0),
+            "replicas_found": sum(r.replicas_found for r in mine) or duplicates.get(index, 0),
             "replicas_removed": removed,
-            "non_records_dropped": sum(c.non_records_dropped for c in mine),
+            "non_records_dropped": sum(r.non_records_dropped for r in mine),
             "channels_written": len(placed),
         })
     return result

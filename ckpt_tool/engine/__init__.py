@@ -1,38 +1,29 @@
 """Where record work runs: in this process, or on Spark (PySpark).
 
-Both engines run the same per-channel functions (``scan_channel``, ``route_channel``,
-``build_subtask_file``) on the same plain-data tasks and return the same results; only the
-distribution differs. On Spark, channels are read, routed and written by the executors; the
-driver sees only counters, replica digests and the offsets of the files written.
+Both engines run the same functions (``scan_channel`` per logical channel, ``route_task`` per
+new channel) on the same plain-data tasks and return the same results; only the distribution
+differs. On Spark the executors read, route and write; the driver sees only counters and the
+offsets of the files written. Routing needs no shuffle (see ckpt_tool.records.route).
 """
 
 from __future__ import annotations
 
-import operator
-from dataclasses import replace
 from typing import Callable, Optional
 
-from ckpt_tool.records.route import RouteSpec, build_subtask_file, route_channel
-from ckpt_tool.records.scan import ChannelTask, scan_channel
+from ckpt_tool.records.route import RouteSpec, RouteTask, route_task
+from ckpt_tool.records.scan import ChannelTask, scan_channel, suspect_key_groups
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.storage import io_for, join
 
 Progress = Optional[Callable[[int, int], None]]
 LOCAL_SCAN_LIMIT_BYTES = 256 * 1024 * 1024  # "auto" scans more in-flight data than this on Spark
 
-# (exchange index, digest) -> old downstream subtasks holding that record, where there are several
-Holders = dict[tuple[int, bytes], set[int]]
+# (exchange index, upstream subtask, digest) -> old downstream subtasks holding that record,
+# where there are several
+Holders = dict[tuple[int, int, bytes], set[int]]
 
 
-def inflight_file_name(downstream_id: str, subtask: int) -> str:
-    return f"ckpt-inflight-{downstream_id}-{subtask}"
-
-
-def _write_subtask_file(dst: str, group: tuple[str, int], routed) -> tuple[tuple[str, int], str, dict]:
-    data, placed = build_subtask_file(list(routed))
-    name = inflight_file_name(*group)
-    io_for(dst).write(join(dst, name), data)
-    return group, name, placed
+def inflight_file_name(downstream_id: str, gate: int, channel: int) -> str:
+    return f"ckpt-inflight-{downstream_id}-{gate}-{channel}"
 
 
 # What executors need to reach S3 with boto3 as the driver does (no Hadoop S3 jars involved).
@@ -50,37 +41,46 @@ def executor_environment() -> dict[str, str]:
     return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
 
 
-class LocalEngine:
-    name = "local"
+class _Engine:
+    """scan and route, written once over ``_map`` (apply a function to every task)."""
+
+    def _map(self, function, items: list, progress: Progress, one_per_partition: bool = False) -> list:
+        raise NotImplementedError
 
     def scan(self, tasks: list[ChannelTask], exchanges: list[Exchange], progress: Progress = None):
-        """Channel figures (without digests) and, per exchange, the record copies held twice."""
-        results, holders = [], {}
-        for done, task in enumerate(tasks, start=1):
-            stats = scan_channel(task, exchanges[task.exchange_index])
-            for digest in stats.digests:
-                holders.setdefault((stats.exchange_index, digest), set()).add(stats.downstream_subtask)
-            results.append(replace(stats, digests=[]))
+        """Channel figures and, per exchange and upstream subtask, the records held by several
+        downstream subtasks. Digests are computed only in a second pass over the channels of
+        key groups that several downstream subtasks hold; a healthy checkpoint needs none."""
+        stats = self._map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress)
+        suspects = suspect_key_groups(stats)
+        again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
+        holders: Holders = {}
+        for s in self._map(
+            lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
+            again, None,
+        ):
+            for digest in s.digests:
+                holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)
+        return stats, {k: v for k, v in holders.items() if len(v) > 1}
+
+    def route(self, tasks: list[RouteTask], specs: list[RouteSpec], dst: str, progress: Progress = None):
+        """Route every new channel's records and write its file; the RoutedFile of each."""
+        return self._map(lambda task: route_task(task, specs[task.exchange_index], dst), tasks, progress, True)
+
+
+class LocalEngine(_Engine):
+    name = "local"
+
+    def _map(self, function, items, progress, one_per_partition=False):
+        results = []
+        for done, item in enumerate(items, start=1):
+            results.append(function(item))
             if progress:
-                progress(done, len(tasks))
-        return results, {k: v for k, v in holders.items() if len(v) > 1}
-
-    def route(self, tasks: list[ChannelTask], specs: list[RouteSpec], dst: str, progress: Progress = None):
-        """Route every channel's records and write one file per new downstream subtask."""
-        counters, groups = [], {}
-        for done, task in enumerate(tasks, start=1):
-            spec = specs[task.exchange_index]
-            routed = route_channel(task, spec)
-            for target, order, raw in routed.routed:
-                groups.setdefault((spec.exchange.downstream_id, target), []).append((order, raw))
-            counters.append(replace(routed, routed=[]))
-            if progress:
-                progress(done, len(tasks) + len(groups))
-        files = [_write_subtask_file(dst, group, routed) for group, routed in sorted(groups.items())]
-        return counters, files
+                progress(done, len(items))
+        return results
 
 
-class SparkEngine:
+class SparkEngine(_Engine):
     """PySpark, ``local[*]`` by default or a cluster given by ``master``."""
 
     name = "spark"
@@ -108,53 +108,21 @@ class SparkEngine:
             self._session.stop()
             self._session = None
 
-    def _tasks(self, tasks):
+    def _map(self, function, items, progress, one_per_partition=False):
+        if not items:
+            return []
         sc = self.context
-        return sc.parallelize(tasks, min(len(tasks), max(2, sc.defaultParallelism * 4)))
-
-    def scan(self, tasks, exchanges, progress=None):
-        if not tasks:
-            return [], {}
-        scanned = self._tasks(tasks).map(lambda task: scan_channel(task, exchanges[task.exchange_index])).cache()
-        try:
-            results = scanned.map(lambda s: replace(s, digests=[])).collect()
-            holders = (
-                scanned.flatMap(lambda s: (((s.exchange_index, d), {s.downstream_subtask}) for d in s.digests))
-                .reduceByKey(operator.or_)
-                .filter(lambda item: len(item[1]) > 1)
-                .collectAsMap()
-            )
-        finally:
-            scanned.unpersist()
+        slices = len(items) if one_per_partition else min(len(items), max(2, sc.defaultParallelism * 4))
+        results = sc.parallelize(items, slices).map(function).collect()
         if progress:
-            progress(len(tasks), len(tasks))
-        return results, dict(holders)
-
-    def route(self, tasks, specs, dst, progress=None):
-        if not tasks:
-            return [], []
-        routed = self._tasks(tasks).map(lambda task: route_channel(task, specs[task.exchange_index])).cache()
-        try:
-            counters = routed.map(lambda r: replace(r, routed=[])).collect()
-            files = (
-                routed.flatMap(
-                    lambda r: (((specs[r.exchange_index].exchange.downstream_id, t), (o, raw)) for t, o, raw in r.routed)
-                )
-                .groupByKey()
-                .map(lambda item: _write_subtask_file(dst, item[0], item[1]))
-                .collect()
-            )
-        finally:
-            routed.unpersist()
-        if progress:
-            progress(len(tasks), len(tasks))
-        return counters, sorted(files)
+            progress(len(items), len(items))
+        return results
 
 
 def duplicates_per_exchange(holders: Holders) -> dict[int, int]:
     """Record copies beyond the first, per exchange."""
     counts: dict[int, int] = {}
-    for (exchange_index, _), subtasks in holders.items():
+    for (exchange_index, _, _), subtasks in holders.items():
         counts[exchange_index] = counts.get(exchange_index, 0) + len(subtasks) - 1
     return counts
 

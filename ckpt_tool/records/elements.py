@@ -20,7 +20,7 @@ RECORD_ATTRIBUTES = 5
 INTERNAL_WATERMARK = 6
 
 # tag -> (kind, payload size) for elements that carry no user value
-_NON_RECORDS = {
+NON_RECORDS = {
     WATERMARK: ("watermark", 8),
     LATENCY_MARKER: ("latency_marker", 8 + 16 + 4),
     WATERMARK_STATUS: ("watermark_status", 4),
@@ -48,8 +48,8 @@ def element_kind(raw: bytes) -> StreamElement:
         return StreamElement("record", _LONG.unpack_from(raw, 1)[0], 9)
     if tag == RECORD:
         return StreamElement("record", None, 1)
-    if tag in _NON_RECORDS:
-        kind, size = _NON_RECORDS[tag]
+    if tag in NON_RECORDS:
+        kind, size = NON_RECORDS[tag]
         if len(raw) != 1 + size:
             raise RecordDecodeError(f"{kind} element of {len(raw)} bytes, expected {1 + size}")
         timestamp = None

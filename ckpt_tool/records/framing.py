@@ -1,18 +1,17 @@
 """Split network buffers into length-framed records.
 
 Flink's record serializer writes each record as a 4-byte big-endian length and the record's
-bytes; a record (and even its length field) may span buffers.
+bytes; a record (and even its length field) may span buffers. The walk along the lengths is
+the C loop ``_framing.frame``.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Iterable
 
 from ckpt_tool.errors import CheckpointFormatError
-
-_LENGTH = struct.Struct(">i")
+from ckpt_tool.records import _framing
 
 
 @dataclass
@@ -21,17 +20,18 @@ class FramedRecords:
     trailing: bytes  # bytes after the last whole record: a partial record, normally empty
 
 
+def record_starts(data) -> tuple[bytes, int]:
+    """Offsets of every whole record's length field (native int64 bytes) and the end of the last."""
+    try:
+        return _framing.frame(data)
+    except ValueError as exc:
+        raise CheckpointFormatError(str(exc)) from None
+
+
 def split_records(chunks: Iterable[bytes]) -> FramedRecords:
     """Concatenate the chunks and split them into records."""
     data = b"".join(chunks)
-    records = []
-    pos, end = 0, len(data)
-    while pos + 4 <= end:
-        (length,) = _LENGTH.unpack_from(data, pos)
-        if length < 0:
-            raise CheckpointFormatError(f"negative record length {length} at byte {pos} of a channel")
-        if pos + 4 + length > end:
-            break
-        records.append(data[pos + 4:pos + 4 + length])
-        pos += 4 + length
-    return FramedRecords(records, data[pos:])
+    starts_bytes, end = record_starts(data)
+    starts = memoryview(starts_bytes).cast("q").tolist()
+    records = [data[start + 4:stop] for start, stop in zip(starts, starts[1:] + [end])]
+    return FramedRecords(records, data[end:])

@@ -14,6 +14,10 @@ from typing import Any
 from ckpt_tool.records.types import DataType, Row
 
 
+MURMUR_C1 = 0xCC9E2D51
+MURMUR_C2 = 0x1B873593
+
+
 def to_int32(value: int) -> int:
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value & 0x80000000 else value
@@ -41,9 +45,9 @@ def bit_mix(code: int) -> int:
 
 def murmur_hash(code: int) -> int:
     """``MathUtils.murmurHash(int)``: a non-negative int."""
-    code = _mul(code, 0xCC9E2D51)
+    code = _mul(code, MURMUR_C1)
     code = _rotl(code, 15)
-    code = _mul(code, 0x1B873593)
+    code = _mul(code, MURMUR_C2)
     code = _rotl(code, 13)
     code = (code * 5 + 0xE6546B64) & 0xFFFFFFFF
     code ^= 4
@@ -140,7 +144,7 @@ def binary_row_hash(data: bytes) -> int:
         raise ValueError("a BinaryRowData is a whole number of words")
     h = 42
     for (word,) in struct.iter_unpack("<I", data):
-        k = _mul(_rotl(_mul(word, 0xCC9E2D51), 15), 0x1B873593)
+        k = _mul(_rotl(_mul(word, MURMUR_C1), 15), MURMUR_C2)
         h = (_rotl(h ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
     return to_int32(bit_mix(h ^ len(data)))
 

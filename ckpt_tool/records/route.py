@@ -2,26 +2,34 @@
 
 Every record of an old logical channel u -> d (input side of d stitched with output side of u)
 goes to the new downstream subtask that owns its key group (keyed exchanges) or, for rebalance
-and rescale exchanges, to one chosen round robin. It lands in the input channel u mod N_up of
+and rescale exchanges, to one chosen round robin. It lands in input channel c = u mod N_up of
 the new subtask's gate, after the records of the same old channel that came before it, so the
 order of each old channel is kept. Output-side data is recovered on the downstream side
 (seed 000 §4.2): the new checkpoint holds only input-channel state for rescaled exchanges.
 Watermarks and other non-record elements are not carried over: Flink emits watermarks anew
 after a restore, and a watermark moved into another channel could make records late.
+
+One task per new channel c of an exchange reads every old channel u -> d with u mod N_up = c,
+once, and writes one channel-state file holding channel c of every new subtask (a handle's
+buffers may lie anywhere in its file). No record crosses tasks, so there is no shuffle, and a
+task holds one upstream subtask's channels at a time: memory does not grow with the input.
+Copies of one record that Flink replicated to several old subtasks (they share the upstream
+channel) are found within the task and kept once, at the lowest old subtask.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
+from typing import Iterator
 
-from ckpt_tool.flink.channel_state import ChannelStateFileBuilder
-from ckpt_tool.records.elements import element_kind
-from ckpt_tool.records.framing import split_records
-from ckpt_tool.records.keys import key_group_for_hash, operator_index_for_key_group
-from ckpt_tool.records.scan import ChannelTask, cached_key_function
+import numpy as np
+
+from ckpt_tool.records.scan import ChannelTask, key_groups_for, read_channel, record_digests
 from ckpt_tool.records.schema import Exchange
+from ckpt_tool.storage import io_for, join
 
 BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
@@ -35,71 +43,150 @@ class RouteSpec:
     new_upstream_parallelism: int
     new_downstream_parallelism: int
     max_parallelism: int
-    old_downstream_parallelism: int
-    replicas: frozenset = frozenset()  # (digest, old downstream subtask) copies to drop
 
 
 @dataclass
-class RoutedChannel:
-    """Counters of one old channel, and its records as (new subtask, sort key, bytes)."""
+class RouteTask:
+    """New input channel ``new_channel`` of an exchange: the old channels that feed it, in
+    (upstream, downstream) order, and the file to write."""
 
     exchange_index: int
+    new_channel: int
+    channels: list[ChannelTask]
+    file_name: str
+
+
+@dataclass
+class RoutedFile:
+    """What a route task wrote: per new downstream subtask, (buffer offsets, size, records) of
+    its channel ``new_channel``; and counters."""
+
+    exchange_index: int
+    new_channel: int
+    file_name: str
+    file_size: int = 0
+    placed: dict[int, tuple[list[int], int, int]] = field(default_factory=dict)
     records_in: int = 0
     bytes_in: int = 0
+    replicas_found: int = 0
     replicas_removed: int = 0
     non_records_dropped: int = 0
-    routed: list = field(default_factory=list)
 
 
-def route_channel(task: ChannelTask, spec: RouteSpec) -> RoutedChannel:
-    inputs = [b for source in task.inputs for b in source.buffers()]
-    outputs = [b for source in task.outputs for b in source.buffers()]
-    framed = split_records(inputs + outputs)
-    result = RoutedChannel(task.exchange_index)
-    key_of = cached_key_function(spec.exchange) if spec.exchange.keyed else None
-    new_channel = task.upstream_subtask % spec.new_upstream_parallelism
-    for sequence, raw in enumerate(framed.records):
-        element = element_kind(raw)
-        if element.kind != "record":
-            result.non_records_dropped += 1
-            continue
-        result.records_in += 1
-        result.bytes_in += 4 + len(raw)  # as framed in a buffer
-        if spec.replicas and (hashlib.blake2b(raw, digest_size=16).digest(), task.downstream_subtask) in spec.replicas:
-            result.replicas_removed += 1
-            continue
-        if key_of is not None:
-            key_group = key_group_for_hash(key_of(raw, element.value_offset)[0], spec.max_parallelism)
-            target = operator_index_for_key_group(spec.max_parallelism, spec.new_downstream_parallelism, key_group)
-        else:
-            target = (task.downstream_subtask + sequence) % spec.new_downstream_parallelism
-        order = (spec.exchange.gate, new_channel, task.upstream_subtask, task.downstream_subtask, sequence)
-        result.routed.append((target, order, raw))
+def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec], file_name) -> list[RouteTask]:
+    """Group old channels by the new channel they feed; ``file_name(exchange_index, c)``."""
+    grouped: dict[tuple[int, int], list[ChannelTask]] = {}
+    for task in channels:
+        c = task.upstream_subtask % specs[task.exchange_index].new_upstream_parallelism
+        grouped.setdefault((task.exchange_index, c), []).append(task)
+    return [
+        RouteTask(index, c, sorted(tasks, key=lambda t: (t.upstream_subtask, t.downstream_subtask)), file_name(index, c))
+        for (index, c), tasks in sorted(grouped.items())
+    ]
+
+
+class _BufferWriter:
+    """Cuts each new subtask's record stream into network buffers as it grows and yields them
+    framed for a channel-state file, noting where each buffer went."""
+
+    def __init__(self, result: RoutedFile):
+        self.result = result
+        self.position = 4  # after the file's version header
+        self.pending: dict[int, bytearray] = {}
+        self.records: Counter = Counter()
+        self.sizes: Counter = Counter()
+        self.offsets: dict[int, list[int]] = {}
+
+    def add(self, target: int, framed: bytes, records: int) -> Iterator[bytes]:
+        stream = self.pending.setdefault(target, bytearray())
+        stream += framed
+        self.records[target] += records
+        full = len(stream) // BUFFER_SIZE * BUFFER_SIZE
+        for start in range(0, full, BUFFER_SIZE):
+            yield from self._buffer(target, stream[start:start + BUFFER_SIZE])
+        del stream[:full]
+
+    def finish(self) -> Iterator[bytes]:
+        for target in sorted(self.pending):
+            if self.pending[target]:
+                yield from self._buffer(target, self.pending[target])
+        for target, offsets in self.offsets.items():
+            self.result.placed[target] = (offsets, self.sizes[target], self.records[target])
+        self.result.file_size = self.position
+
+    def _buffer(self, target: int, payload: bytearray) -> Iterator[bytes]:
+        self.offsets.setdefault(target, []).append(self.position)
+        self.sizes[target] += 4 + len(payload)
+        self.position += 4 + len(payload)
+        yield _LENGTH.pack(len(payload))
+        yield bytes(payload)
+
+
+def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
+    """Route the task's records and write its channel-state file under ``dst``."""
+    result = RoutedFile(task.exchange_index, task.new_channel, task.file_name)
+    writer = _BufferWriter(result)
+
+    def chunks() -> Iterator[bytes]:
+        yield struct.pack(">i", 0)  # ChannelStateSerializerImpl's version
+        for _, channels in groupby(task.channels, key=lambda t: t.upstream_subtask):
+            for target, framed, records in _route_upstream(list(channels), spec, result):
+                yield from writer.add(target, framed, records)
+        yield from writer.finish()
+
+    io_for(dst).write_stream(join(dst, task.file_name), chunks())
     return result
 
 
-def replica_copies(holders: dict[bytes, set[int]]) -> frozenset:
-    """Copies to drop where one record is held by several old subtasks: all but the lowest's."""
-    return frozenset(
-        (digest, subtask) for digest, subtasks in holders.items() if len(subtasks) > 1
-        for subtask in subtasks if subtask != min(subtasks)
-    )
+def _route_upstream(channels: list[ChannelTask], spec: RouteSpec, result: RoutedFile):
+    """(new subtask, framed records, count) for the old channels of one upstream subtask."""
+    decoded = [(task, read_channel(task)[0]) for task in channels]
+    keys = key_groups_for(spec.exchange, spec.max_parallelism)
+    groups = [keys.of(records, records.is_record) if keys else None for _, records in decoded]
+    dropped = _replica_copies(decoded, groups, result) if keys else [None] * len(decoded)
+    for (task, records), key_groups, drop in zip(decoded, groups, dropped):
+        is_record = records.is_record
+        result.records_in += int(is_record.sum())
+        result.bytes_in += int((records.ends - records.starts)[is_record].sum())
+        result.non_records_dropped += int((~is_record).sum())
+        if key_groups is not None:
+            targets = np.full(len(is_record), -1, dtype=np.int64)
+            targets[is_record] = key_groups.astype(np.int64) * spec.new_downstream_parallelism // spec.max_parallelism
+            if drop is not None:
+                targets[drop] = -1
+        else:
+            sequence = np.arange(len(is_record))
+            targets = np.where(is_record, (task.downstream_subtask + sequence) % spec.new_downstream_parallelism, -1)
+        present = np.unique(targets[targets >= 0])
+        for target in present.tolist():
+            chosen = targets == target
+            yield target, records.framed(chosen), int(chosen.sum())
 
 
-def pack_buffers(records: list[bytes], buffer_size: int = BUFFER_SIZE) -> list[bytes]:
-    """Length-frame records and cut the stream into network buffers (records may span buffers)."""
-    stream = b"".join(_LENGTH.pack(len(r)) + r for r in records)
-    return [stream[i:i + buffer_size] for i in range(0, len(stream), buffer_size)]
-
-
-def build_subtask_file(routed: list) -> tuple[bytes, dict[tuple[int, int], tuple[list[int], int, int]]]:
-    """One channel-state file for one new subtask: its channels in (gate, channel) order, each
-    channel's records in their old order. Returns the bytes and (offsets, size, records) per channel."""
-    channels: dict[tuple[int, int], list] = {}
-    for order, raw in sorted(routed, key=lambda item: item[0]):
-        channels.setdefault(order[:2], []).append(raw)
-    builder = ChannelStateFileBuilder()
-    placed = {
-        channel: (*builder.add(pack_buffers(records)), len(records)) for channel, records in sorted(channels.items())
-    }
-    return builder.getvalue(), placed
+def _replica_copies(decoded, groups, result: RoutedFile) -> list:
+    """Per channel, a mask of the record copies to drop: where one record is held by several old
+    downstream subtasks (in key groups that several of them hold), all but the lowest's."""
+    holders: dict[int, set[int]] = {}
+    for (task, _), key_groups in zip(decoded, groups):
+        for group in np.unique(key_groups).tolist():
+            holders.setdefault(group, set()).add(task.downstream_subtask)
+    suspects = [group for group, subtasks in holders.items() if len(subtasks) > 1]
+    if not suspects:
+        return [None] * len(decoded)
+    candidates, digests = [], {}
+    for (task, records), key_groups in zip(decoded, groups):
+        mask = np.zeros(len(records.tags), dtype=bool)
+        mask[records.is_record] = np.isin(key_groups, suspects)
+        found = list(zip(np.flatnonzero(mask).tolist(), record_digests(records, mask)))
+        candidates.append(found)
+        for _, digest in found:
+            digests.setdefault(digest, set()).add(task.downstream_subtask)
+    result.replicas_found += sum(len(s) - 1 for s in digests.values())
+    drops = []
+    for (task, records), found in zip(decoded, candidates):
+        drop = np.zeros(len(records.tags), dtype=bool)
+        for index, digest in found:
+            drop[index] = min(digests[digest]) != task.downstream_subtask
+        result.replicas_removed += int(drop.sum())
+        drops.append(drop)
+    return drops

@@ -2,7 +2,9 @@
 
 A task names where its buffers are (file URIs and offsets, or inline bytes) so that a worker
 needs neither the metadata nor the driver: it reads, stitches, frames, classifies and keys the
-records of one logical channel and returns small figures plus one digest per keyed record.
+records of one logical channel (ckpt_tool.records.batch) and returns small figures. Record
+digests, for finding copies of one record held by several subtasks, are computed only for the
+key groups that several downstream subtasks hold (``suspects``); a healthy checkpoint has none.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
+import numpy as np
+
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import HEADER, LogicalChannel, logical_channels, split_buffers
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
-from ckpt_tool.records.elements import element_kind
-from ckpt_tool.records.framing import split_records
-from ckpt_tool.records.keys import key_group_for_hash, key_group_range
+from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
+from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for
 from ckpt_tool.storage.base import is_s3
@@ -47,7 +50,7 @@ class BufferSource:
             return split_buffers(self.inline, self.offsets, "inline channel state")
         if is_s3(self.location) and not self.segment:
             return self._ranged_buffers()
-        data = _read_file(self.location)
+        data = _mapped_file(self.location)
         if self.segment:
             data = data[self.segment[0]:self.segment[0] + self.segment[1]]
         return split_buffers(data, self.offsets, self.location)
@@ -69,9 +72,10 @@ class BufferSource:
 
 
 @lru_cache(maxsize=16)
-def _read_file(uri: str) -> bytes:
-    """Channel-state files are shared by many channels; keep the last few read in this process."""
-    return io_for(uri).read(uri)
+def _mapped_file(uri: str):
+    """Channel-state files are shared by many channels; keep the last few open in this process
+    (memory-mapped where local, so that a channel reads only its own buffers)."""
+    return io_for(uri).map(uri)
 
 
 @dataclass
@@ -99,7 +103,7 @@ class ChannelStats:
     trailing_bytes: int = 0
     misplaced_records: int = 0
     key_groups: Counter = field(default_factory=Counter)
-    digests: list[bytes] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)  # of the records in suspect key groups
 
 
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
@@ -124,41 +128,63 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
     return tasks
 
 
-def scan_channel(task: ChannelTask, exchange: Exchange) -> ChannelStats:
-    """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
+def read_channel(task: ChannelTask) -> tuple[ChannelRecords, int, int]:
+    """The channel's stitched elements, and its input and output buffer counts."""
     inputs = [b for source in task.inputs for b in source.buffers()]
     outputs = [b for source in task.outputs for b in source.buffers()]
+    return frame_channel(b"".join(inputs + outputs)), len(inputs), len(outputs)
+
+
+_KEY_GROUPS: dict = {}
+
+
+def key_groups_for(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
+    """Each keyed exchange's KeyGroups, built once per process."""
+    if not exchange.keyed:
+        return None
+    ident = (exchange.record_type, exchange.key, exchange.decoder, max_parallelism)
+    if ident not in _KEY_GROUPS:
+        _KEY_GROUPS[ident] = KeyGroups(exchange, max_parallelism)
+    return _KEY_GROUPS[ident]
+
+
+def record_digests(records: ChannelRecords, chosen: np.ndarray) -> list[bytes]:
+    return [hashlib.blake2b(records.element(i), digest_size=16).digest() for i in np.flatnonzero(chosen)]
+
+
+def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset()) -> ChannelStats:
+    """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
+    records, input_buffers, output_buffers = read_channel(task)
+    is_record = records.is_record
     stats = ChannelStats(
-        task.exchange_index, task.upstream_subtask, task.downstream_subtask,
-        len(inputs), len(outputs), sum(map(len, inputs)) + sum(map(len, outputs)),
+        task.exchange_index, task.upstream_subtask, task.downstream_subtask, input_buffers, output_buffers,
+        len(records.data), int(is_record.sum()), int((records.tags == 2).sum()),
+        int((~is_record).sum() - (records.tags == 2).sum()), records.trailing,
     )
-    framed = split_records(inputs + outputs)
-    stats.trailing_bytes = len(framed.trailing)
-    key_of = cached_key_function(exchange) if exchange.keyed else None
-    owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
-    for raw in framed.records:
-        element = element_kind(raw)
-        if element.kind == "watermark":
-            stats.watermarks += 1
-        elif element.kind != "record":
-            stats.other_elements += 1
-        else:
-            stats.records += 1
-            if key_of is not None:
-                key_hash, _ = key_of(raw, element.value_offset)
-                key_group = key_group_for_hash(key_hash, task.max_parallelism)
-                stats.key_groups[key_group] += 1
-                stats.misplaced_records += key_group not in owned
-                stats.digests.append(hashlib.blake2b(raw, digest_size=16).digest())
+    keys = key_groups_for(exchange, task.max_parallelism)
+    if keys is not None and stats.records:
+        groups = keys.of(records, is_record)
+        owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
+        stats.misplaced_records = int(((groups < owned.start) | (groups >= owned.stop)).sum())
+        found, counts = np.unique(groups, return_counts=True)
+        stats.key_groups = Counter(dict(zip(found.tolist(), counts.tolist())))
+        if suspects:
+            in_suspects = np.zeros(len(is_record), dtype=bool)
+            in_suspects[is_record] = np.isin(groups, list(suspects))
+            stats.digests = record_digests(records, in_suspects)
     return stats
 
 
-_KEY_FUNCTIONS: dict = {}
-
-
-def cached_key_function(exchange: Exchange):
-    """Build each exchange's key function once per process (plug-ins are imported once)."""
-    ident = (exchange.record_type, exchange.key, exchange.decoder)
-    if ident not in _KEY_FUNCTIONS:
-        _KEY_FUNCTIONS[ident] = exchange.key_function()
-    return _KEY_FUNCTIONS[ident]
+def suspect_key_groups(stats: list[ChannelStats]) -> dict[tuple[int, int], frozenset]:
+    """Per (exchange, upstream subtask): the key groups that several downstream subtasks hold.
+    Only there can one record be held twice (Flink replicates a channel's buffers to several
+    subtasks on recovery; each copy stays on its upstream channel)."""
+    holders: dict[tuple[int, int, int], set[int]] = {}
+    for s in stats:
+        for group in s.key_groups:
+            holders.setdefault((s.exchange_index, s.upstream_subtask, group), set()).add(s.downstream_subtask)
+    suspects: dict[tuple[int, int], set[int]] = {}
+    for (exchange_index, upstream, group), downstream in holders.items():
+        if len(downstream) > 1:
+            suspects.setdefault((exchange_index, upstream), set()).add(group)
+    return {key: frozenset(groups) for key, groups in suspects.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 from abc import ABC, abstractmethod
+from typing import Iterable
 
 from ckpt_tool.errors import StorageError
 
@@ -60,9 +61,18 @@ class FileIO(ABC):
     def list(self, uri: str) -> list[str]:
         """Every file below ``uri`` (recursively), as full URIs, sorted."""
 
-    @abstractmethod
+    def map(self, uri: str):
+        """The whole file as a bytes-like object (memory-mapped where the storage allows)."""
+        return self.read(uri)
+
     def write(self, uri: str, data: bytes) -> None:
         """Create ``uri`` with ``data``; fails if it exists (ckpt never overwrites)."""
+        self.write_stream(uri, (data,))
+
+    @abstractmethod
+    def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
+        """Create ``uri`` from chunks produced as it is written (memory stays bounded);
+        fails if it exists."""
 
     @abstractmethod
     def delete(self, uri: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+from typing import Iterable
 
 from ckpt_tool.errors import StorageError
 from ckpt_tool.storage.base import FileIO, normalize_uri
@@ -46,12 +48,20 @@ class LocalFileIO(FileIO):
             found.extend(os.path.join(directory, name) for name in files)
         return sorted(found)
 
-    def write(self, uri: str, data: bytes) -> None:
+    def map(self, uri: str):
+        try:
+            with open(self._path(uri), "rb") as f:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
+        except OSError as exc:
+            raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+
+    def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         path = self._path(uri)
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "xb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    f.write(chunk)
         except FileExistsError as exc:
             raise StorageError(f"{uri} already exists; ckpt never overwrites files") from exc
         except OSError as exc:

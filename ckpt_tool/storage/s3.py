@@ -7,14 +7,16 @@ buffers are ranged GETs; throttling and 5xx answers are retried with backoff by 
 
 from __future__ import annotations
 
-import io
 import os
+import tempfile
 from functools import lru_cache
+from typing import Iterable
 
 from ckpt_tool.errors import StorageError
 from ckpt_tool.storage.base import FileIO, normalize_uri
 
 RETRY_CONFIG = {"max_attempts": 10, "mode": "standard"}
+SPOOL_BYTES = 64 * 1024 * 1024
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -86,11 +88,15 @@ class S3FileIO(FileIO):
             found.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))
         return sorted(found)
 
-    def write(self, uri: str, data: bytes) -> None:
+    def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         if self.exists(uri):
             raise StorageError(f"{uri} already exists; ckpt never overwrites files")
         bucket, key = split_s3_uri(uri)
-        self._call("write", uri, self.client.upload_fileobj, Fileobj=io.BytesIO(data), Bucket=bucket, Key=key)
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:  # large objects wait on disk
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.seek(0)
+            self._call("write", uri, self.client.upload_fileobj, Fileobj=spool, Bucket=bucket, Key=key)
 
     def delete(self, uri: str) -> None:
         bucket, key = split_s3_uri(uri)
