@@ -242,6 +242,24 @@ def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: b
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
     rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
 
+    # state first (the driver's work, while Spark may still be starting), then in-flight records
+    files: dict[str, bytes] = {}
+    kept: dict[tuple[str, int], tuple[list, list]] = {}
+    for op in metadata.operators:
+        for s in op.subtasks:
+            kept[(op.id_hex, s.index)] = (
+                [h for h in s.channel_handles(INPUT) if (op.id_hex, h.info[0]) not in rescaled_inputs],
+                [h for h in s.channel_handles(OUTPUT) if (op.id_hex, h.info[0]) not in rescaled_outputs],
+            )
+        if plan.changes(op.id_hex):
+            new_parallelism = plan.new[op.id_hex]
+            report.operators.append(
+                {"id": op.id_hex, "uid": op.uid, "name": op.name, "parallelism": [op.parallelism, new_parallelism]}
+            )
+            op.parallelism = new_parallelism
+            if not op.fully_finished:
+                op.subtasks = _reassign_operator(source, op, new_parallelism, files)
+
     channels = channel_tasks(source, rescaled)
     specs = [
         RouteSpec(
@@ -267,31 +285,13 @@ def _rescale(source: Checkpoint, dst: str, plan: RescalePlan, engine, dry_run: b
             new_inputs.setdefault((exchange.downstream_id, subtask), []).append(
                 ChannelStateHandle(INPUT, subtask, (exchange.gate, written.new_channel), offsets, size, delegate)
             )
-
-    files: dict[str, bytes] = {}
     for op in metadata.operators:
-        new_parallelism = plan.new[op.id_hex]
-        kept_inputs = {
-            s.index: [h for h in s.channel_handles(INPUT) if (op.id_hex, h.info[0]) not in rescaled_inputs]
-            for s in op.subtasks
-        }
-        kept_outputs = {
-            s.index: [h for h in s.channel_handles(OUTPUT) if (op.id_hex, h.info[0]) not in rescaled_outputs]
-            for s in op.subtasks
-        }
-        if plan.changes(op.id_hex):
-            report.operators.append(
-                {"id": op.id_hex, "uid": op.uid, "name": op.name, "parallelism": [op.parallelism, new_parallelism]}
-            )
-            op.parallelism = new_parallelism
-            if not op.fully_finished:
-                op.subtasks = _reassign_operator(source, op, new_parallelism, files)
         for s in op.subtasks:
             if s.finished:
                 continue
-            new = sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
-            s.input_channels = kept_inputs.get(s.index, []) + new
-            s.output_channels = kept_outputs.get(s.index, [])
+            inputs, outputs = kept.get((op.id_hex, s.index), ([], []))
+            s.input_channels = inputs + sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
+            s.output_channels = outputs
 
     report.exchanges = _exchange_report(rescaled, routed, duplicates, source)
     report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], source, engine)

@@ -74,9 +74,14 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
 
 
 def make_engine(engine: str, master: str, conf: tuple[str, ...]):
+    """The engine for rescale and repair; Spark starts in the background right away."""
     from ckpt_tool.engine import LocalEngine, SparkEngine
 
-    return SparkEngine(master, parse_conf(conf)) if engine == "spark" else LocalEngine()
+    if engine != "spark":
+        return LocalEngine()
+    spark = SparkEngine(master, parse_conf(conf))
+    spark.start()
+    return spark
 
 
 def stop_engine(engine) -> None:
@@ -119,6 +124,7 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     from ckpt_tool.records.schema import load_exchanges
     from ckpt_tool.rescale import plan_rescale
     from ckpt_tool.rescale import rescale as run_rescale
+    from ckpt_tool.writer import check_destination
 
     if not parallelism and not operators:
         raise click.UsageError("give --parallelism N or at least one --operator OPERATOR=N")
@@ -126,6 +132,7 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     source.require_files()
     exchanges = load_exchanges(source.metadata, schema, plan)
     rescale_plan = plan_rescale(source.metadata, parallelism, parse_overrides(operators), exchanges)
+    check_destination(dst)  # before Spark starts: a refusal should be quick
     runner = make_engine(engine, spark_master, conf)
     try:
         with progress_bar("rescaling", enabled=not as_json) as progress:
@@ -157,12 +164,14 @@ def repair(src, dst, schema, plan, drop, engine, spark_master, conf, as_json) ->
     from ckpt_tool.records.schema import load_exchanges
     from ckpt_tool.rescale import plan_repair
     from ckpt_tool.rescale import rescale as run_rescale
+    from ckpt_tool.writer import check_destination
 
     if not (schema or plan):
         raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
     source = Checkpoint.open(src)
     source.require_files()
     repair_plan = plan_repair(source.metadata, load_exchanges(source.metadata, schema, plan), list(drop))
+    check_destination(dst)  # before Spark starts: a refusal should be quick
     runner = make_engine(engine, spark_master, conf)
     try:
         with progress_bar("repairing", enabled=not as_json) as progress:

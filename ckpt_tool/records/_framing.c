@@ -1,14 +1,18 @@
-/* The two sequential loops of the record path, in C (see README, "Performance").
+/* The sequential loops of the record path, in C (see README, "Performance").
  *
  * frame(data) walks the chain of 4-byte big-endian length prefixes of Flink's record
  * serializer: each record's position depends on the previous record's length, so the walk
- * cannot be vectorised. gather(data, starts, ends) concatenates byte ranges. Everything else
- * on the record path (tags, keys, key groups, routing) is vectorised with NumPy.
+ * cannot be vectorised. payloads(file, offsets) does the same for a channel handle's network
+ * buffers, and gather(data, starts, ends) concatenates byte ranges. Everything else on the
+ * record path (tags, keys, key groups, routing) is vectorised with NumPy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 static int32_t read_length(const unsigned char *p) {
     return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
@@ -79,7 +83,57 @@ done:
     return result;
 }
 
+/* payloads(data, offsets) -> bytes: the payloads of the buffers whose int length fields are at
+ * the int64 offsets, concatenated; ValueError names the first buffer outside the data. */
+static PyObject *payloads(PyObject *self, PyObject *args) {
+    Py_buffer data, offsets;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &offsets)) return NULL;
+    PyObject *result = NULL;
+    const unsigned char *bytes = data.buf;
+    const int64_t *at = offsets.buf;
+    Py_ssize_t count = offsets.len / (Py_ssize_t)sizeof(int64_t), total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at[i] < 0 || at[i] + 4 > data.len) {
+            PyErr_Format(PyExc_ValueError, "buffer offset %lld is outside the file (%zd bytes)", (long long)at[i], data.len);
+            goto done;
+        }
+        int32_t length = read_length(bytes + at[i]);
+        if (length < 0 || at[i] + 4 + (int64_t)length > data.len) {
+            PyErr_Format(PyExc_ValueError, "buffer at offset %lld of length %d runs past the end (%zd bytes)",
+                         (long long)at[i], length, data.len);
+            goto done;
+        }
+        total += length;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    char *out = PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t length = read_length(bytes + at[i]);
+        memcpy(out, bytes + at[i] + 4, (size_t)length);
+        out += length;
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    return result;
+}
+
+/* reuse_memory(): keep channel-sized blocks (up to 32 MiB) on the heap and freed memory in the
+ * process, instead of a fresh mmap per block. Fresh pages cost a page fault each, which on a
+ * small VM made first touches of memory slower than the rest of the record path (glibc only). */
+static PyObject *reuse_memory(PyObject *self, PyObject *unused) {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
+    mallopt(M_TOP_PAD, 64 * 1024 * 1024);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"reuse_memory", reuse_memory, METH_NOARGS, "Keep freed memory for reuse (glibc's mallopt)."},
+    {"payloads", payloads, METH_VARARGS, "The payloads of the buffers at the offsets, concatenated."},
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
     {NULL, NULL, 0, NULL},

@@ -22,6 +22,8 @@ from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, parse_type
 
+_framing.reuse_memory()  # the record path allocates channel-sized blocks over and over
+
 
 @dataclass
 class ChannelRecords:
@@ -194,8 +196,8 @@ class KeyGroups:
             width, dtype = _FIXED[name]
             if (values + offset + width > ends).any():
                 raise RecordDecodeError(f"a record ends inside its {name} key")
-            raw = data[(values + offset)[:, None] + np.arange(width)]
-            field = _field_hash(np.ascontiguousarray(raw).view(dtype)[:, 0], name)
+            raw = _framing.gather(records.data, values + offset, values + offset + width)
+            field = _field_hash(np.frombuffer(raw, dtype=dtype), name)
             with np.errstate(over="ignore"):  # several fields: TupleN.hashCode, 31 * h + field
                 combined = field if combined is None else combined * _U32(31) + field
         return combined

@@ -87,39 +87,43 @@ def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec], file_name) 
 
 class _BufferWriter:
     """Cuts each new subtask's record stream into network buffers as it grows and yields them
-    framed for a channel-state file, noting where each buffer went."""
+    framed for a channel-state file (a NumPy copy per batch of buffers), noting where each went."""
 
     def __init__(self, result: RoutedFile):
         self.result = result
         self.position = 4  # after the file's version header
-        self.pending: dict[int, bytearray] = {}
+        self.pending: dict[int, bytes] = {}
         self.records: Counter = Counter()
         self.sizes: Counter = Counter()
         self.offsets: dict[int, list[int]] = {}
 
-    def add(self, target: int, framed: bytes, records: int) -> Iterator[bytes]:
-        stream = self.pending.setdefault(target, bytearray())
-        stream += framed
+    def add(self, target: int, framed: bytes, records: int) -> Iterator:
         self.records[target] += records
-        full = len(stream) // BUFFER_SIZE * BUFFER_SIZE
-        for start in range(0, full, BUFFER_SIZE):
-            yield from self._buffer(target, stream[start:start + BUFFER_SIZE])
-        del stream[:full]
+        pending = self.pending.pop(target, b"")
+        stream = pending + framed if pending else framed
+        full = len(stream) // BUFFER_SIZE
+        if full:
+            yield self._buffers(target, stream, full, BUFFER_SIZE)
+        self.pending[target] = stream[full * BUFFER_SIZE:]
 
-    def finish(self) -> Iterator[bytes]:
+    def finish(self) -> Iterator:
         for target in sorted(self.pending):
             if self.pending[target]:
-                yield from self._buffer(target, self.pending[target])
+                yield self._buffers(target, self.pending[target], 1, len(self.pending[target]))
         for target, offsets in self.offsets.items():
             self.result.placed[target] = (offsets, self.sizes[target], self.records[target])
         self.result.file_size = self.position
 
-    def _buffer(self, target: int, payload: bytearray) -> Iterator[bytes]:
-        self.offsets.setdefault(target, []).append(self.position)
-        self.sizes[target] += 4 + len(payload)
-        self.position += 4 + len(payload)
-        yield _LENGTH.pack(len(payload))
-        yield bytes(payload)
+    def _buffers(self, target: int, stream: bytes, count: int, size: int) -> np.ndarray:
+        """``count`` buffers of ``size`` bytes from the start of ``stream``, each after its length."""
+        out = np.empty((count, 4 + size), dtype=np.uint8)
+        out[:, :4] = np.frombuffer(_LENGTH.pack(size), dtype=np.uint8)
+        out[:, 4:] = np.frombuffer(stream, dtype=np.uint8, count=count * size).reshape(count, size)
+        step = 4 + size
+        self.offsets.setdefault(target, []).extend(range(self.position, self.position + count * step, step))
+        self.sizes[target] += count * step
+        self.position += count * step
+        return out
 
 
 def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
@@ -157,8 +161,7 @@ def _route_upstream(channels: list[ChannelTask], spec: RouteSpec, result: Routed
         else:
             sequence = np.arange(len(is_record))
             targets = np.where(is_record, (task.downstream_subtask + sequence) % spec.new_downstream_parallelism, -1)
-        present = np.unique(targets[targets >= 0])
-        for target in present.tolist():
+        for target in np.flatnonzero(np.bincount(targets[targets >= 0])).tolist():
             chosen = targets == target
             yield target, records.framed(chosen), int(chosen.sum())
 
@@ -168,7 +171,7 @@ def _replica_copies(decoded, groups, result: RoutedFile) -> list:
     downstream subtasks (in key groups that several of them hold), all but the lowest's."""
     holders: dict[int, set[int]] = {}
     for (task, _), key_groups in zip(decoded, groups):
-        for group in np.unique(key_groups).tolist():
+        for group in np.flatnonzero(np.bincount(key_groups)).tolist():
             holders.setdefault(group, set()).add(task.downstream_subtask)
     suspects = [group for group, subtasks in holders.items() if len(subtasks) > 1]
     if not suspects:

@@ -22,6 +22,7 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import HEADER, LogicalChannel, logical_channels, split_buffers
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
+from ckpt_tool.records import _framing
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.schema import Exchange
@@ -45,15 +46,22 @@ class BufferSource:
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
         return BufferSource(checkpoint.location(delegate), inline, segment, list(handle.offsets))
 
-    def buffers(self) -> list[bytes]:
-        if self.inline is not None:
-            return split_buffers(self.inline, self.offsets, "inline channel state")
-        if is_s3(self.location) and not self.segment:
-            return self._ranged_buffers()
-        data = _mapped_file(self.location)
+    def payload(self) -> bytes:
+        """The buffers' payloads, concatenated: this handle's part of a channel's record stream."""
+        if self.inline is None and is_s3(self.location) and not self.segment:
+            return b"".join(self._ranged_buffers())
+        where = self.location or "inline channel state"
+        data = memoryview(self.inline if self.inline is not None else _mapped_file(self.location))
         if self.segment:
             data = data[self.segment[0]:self.segment[0] + self.segment[1]]
-        return split_buffers(data, self.offsets, self.location)
+        if bytes(data[:len(HEADER)]) != HEADER:
+            raise CheckpointFormatError(f"{where}: not a channel-state file (bad header)")
+        if self.offsets and min(self.offsets) < len(HEADER):
+            raise CheckpointFormatError(f"{where}: buffer offset {min(self.offsets)} is inside the file header")
+        try:
+            return _framing.payloads(data, np.asarray(self.offsets, dtype=np.int64))
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{where}: {exc}") from None
 
     def _ranged_buffers(self) -> list[bytes]:
         """Object stores: two ranged GETs (the last buffer's length, then the span of all
@@ -130,9 +138,9 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
 
 def read_channel(task: ChannelTask) -> tuple[ChannelRecords, int, int]:
     """The channel's stitched elements, and its input and output buffer counts."""
-    inputs = [b for source in task.inputs for b in source.buffers()]
-    outputs = [b for source in task.outputs for b in source.buffers()]
-    return frame_channel(b"".join(inputs + outputs)), len(inputs), len(outputs)
+    stream = b"".join([source.payload() for source in task.inputs + task.outputs])
+    count = lambda sources: sum(len(source.offsets) for source in sources)  # noqa: E731
+    return frame_channel(stream), count(task.inputs), count(task.outputs)
 
 
 _KEY_GROUPS: dict = {}
@@ -166,8 +174,9 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
         groups = keys.of(records, is_record)
         owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
         stats.misplaced_records = int(((groups < owned.start) | (groups >= owned.stop)).sum())
-        found, counts = np.unique(groups, return_counts=True)
-        stats.key_groups = Counter(dict(zip(found.tolist(), counts.tolist())))
+        counts = np.bincount(groups)
+        found = np.flatnonzero(counts)
+        stats.key_groups = Counter(dict(zip(found.tolist(), counts[found].tolist())))
         if suspects:
             in_suspects = np.zeros(len(is_record), dtype=bool)
             in_suspects[is_record] = np.isin(groups, list(suspects))
