@@ -7,12 +7,11 @@ import hashlib
 from collections import Counter
 
 from ckpt_tool.engine import LocalEngine
-from ckpt_tool.flink.channel_state import logical_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.inspect import exchanges_summary
-from ckpt_tool.records.elements import element_kind
-from ckpt_tool.records.framing import split_records
+from ckpt_tool.records.elements import NON_RECORDS
 from ckpt_tool.records.keys import key_group_for_hash
+from ckpt_tool.records.scan import channel_tasks, key_groups_for, read_channel
 from ckpt_tool.records.schema import load_exchanges
 from test_record_scan import schema_for
 
@@ -22,6 +21,7 @@ def exchanges_of(fixture, checkpoint):
 
 
 def test_every_record_matches_flink(fixture):
+    """The production record path (C framing, NumPy tags and key groups) record by record."""
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
     md = checkpoint.metadata
     expected = {
@@ -30,26 +30,29 @@ def test_every_record_matches_flink(fixture):
     }
     assert expected, "the reference lists elements"
     compared = 0
-    for exchange in exchanges_of(fixture, checkpoint):
-        key_of = exchange.key_function() if exchange.keyed else None
-        downstream = md.operator(exchange.downstream_id)
-        for channel in logical_channels(md.operator(exchange.upstream_id), downstream, exchange.gate, exchange.partition):
-            want = expected[(exchange.upstream_id, exchange.downstream_id, channel.upstream_subtask, channel.downstream_subtask)]
-            inputs, outputs = channel.buffers(checkpoint)
-            raws = split_records(inputs + outputs).records
-            assert len(raws) == len(want)
-            for raw, element in zip(raws, want):
-                kind = element_kind(raw)
-                assert kind.kind == element["kind"]
-                if kind.kind != "record":
-                    continue
-                assert hashlib.sha256(raw).hexdigest() == element["digest"]
-                assert kind.timestamp == element["timestamp"]
-                if key_of is not None:
-                    key_hash, _ = key_of(raw, kind.value_offset)
-                    assert key_hash == element["key_hash"]
-                    assert key_group_for_hash(key_hash, downstream.max_parallelism) == element["key_group"]
-                compared += 1
+    exchanges = exchanges_of(fixture, checkpoint)
+    for task in channel_tasks(checkpoint, exchanges):
+        exchange = exchanges[task.exchange_index]
+        want = expected[(exchange.upstream_id, exchange.downstream_id, task.upstream_subtask, task.downstream_subtask)]
+        records = read_channel(task)[0]
+        assert len(records.tags) == len(want)
+        kinds = ["record" if tag <= 1 else NON_RECORDS[tag][0] for tag in records.tags.tolist()]
+        assert kinds == [element["kind"] for element in want]
+        keys = key_groups_for(exchange, task.max_parallelism)
+        groups = iter(keys.of(records, records.is_record).tolist() if keys else [])
+        key_of = exchange.key_function() if keys else None
+        value_starts = records.value_starts() - records.starts - 4
+        for index, element in enumerate(want):
+            if element["kind"] != "record":
+                continue
+            raw = records.element(index)
+            assert hashlib.sha256(raw).hexdigest() == element["digest"]
+            assert (int.from_bytes(raw[1:9], "big", signed=True) if raw[0] == 0 else None) == element["timestamp"]
+            if key_of is not None:
+                key_hash, _ = key_of(raw, int(value_starts[index]))
+                assert key_hash == element["key_hash"]
+                assert key_group_for_hash(key_hash, task.max_parallelism) == element["key_group"] == next(groups)
+            compared += 1
     assert compared > 0
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ckpt_tool.records import _framing
 from ckpt_tool.records.framing import record_starts
-from ckpt_tool.records.elements import NON_RECORDS, RECORD_WITH_TIMESTAMP
+from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, parse_type
@@ -38,7 +38,7 @@ class ChannelRecords:
 
     @property
     def is_record(self) -> np.ndarray:
-        return self.tags <= 1
+        return self.tags <= RECORD  # RECORD_WITH_TIMESTAMP or RECORD
 
     def value_starts(self) -> np.ndarray:
         return self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
@@ -71,7 +71,7 @@ def frame_channel(data: bytes) -> ChannelRecords:
 
 
 def _check_elements(tags: np.ndarray, sizes: np.ndarray) -> None:
-    known = tags <= 1
+    known = tags <= RECORD
     for tag, (kind, size) in NON_RECORDS.items():
         mine = tags == tag
         known |= mine

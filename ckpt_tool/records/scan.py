@@ -24,6 +24,7 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
 from ckpt_tool.records import _framing
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
+from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for
@@ -164,10 +165,10 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
     """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
     records, input_buffers, output_buffers = read_channel(task)
     is_record = records.is_record
+    watermarks = int((records.tags == WATERMARK).sum())
     stats = ChannelStats(
         task.exchange_index, task.upstream_subtask, task.downstream_subtask, input_buffers, output_buffers,
-        len(records.data), int(is_record.sum()), int((records.tags == 2).sum()),
-        int((~is_record).sum() - (records.tags == 2).sum()), records.trailing,
+        len(records.data), int(is_record.sum()), watermarks, int((~is_record).sum()) - watermarks, records.trailing,
     )
     keys = key_groups_for(exchange, task.max_parallelism)
     if keys is not None and stats.records:
