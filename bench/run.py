@@ -43,9 +43,9 @@ def _rss_mb(pid: int) -> int:
 
 def _driver_pids(pid: int) -> list[int]:
     """The process and its JVM (Spark's driver, which in local mode also runs the executor),
-    without Spark's Python workers (they belong to the executor side)."""
+    without Spark's Python workers (they belong to the executor side). OSError once it is gone."""
     pids = [pid]
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if Path(f"/proc/{pid}").exists() else []:
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:

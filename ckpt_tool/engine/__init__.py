@@ -53,7 +53,9 @@ class _Engine:
         downstream subtasks. Digests are computed only in a second pass over the channels of
         key groups that several downstream subtasks hold; a healthy checkpoint needs none."""
         stats = self._map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress)
-        suspects = suspect_key_groups(stats)
+        suspects = suspect_key_groups(
+            ((s.exchange_index, s.upstream_subtask), s.downstream_subtask, s.key_groups) for s in stats
+        )
         again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
         holders: Holders = {}
         for s in self._map(

@@ -110,10 +110,9 @@ def _fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
     if value_type.name not in ("tuple", "pojo"):
         return None
     pojo = value_type.name == "pojo"
-    wanted = sorted(value_type.field_index(k) for k in key)
     order = [value_type.field_index(k) for k in key]
     offset, expected, places = (1, [(0, 0x02)], {}) if pojo else (0, [], {})
-    for index, field_type in enumerate(value_type.fields[:wanted[-1] + 1]):
+    for index, field_type in enumerate(value_type.fields[:max(order) + 1]):
         if field_type.name not in _FIXED:
             return None
         if pojo:

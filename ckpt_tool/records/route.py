@@ -27,7 +27,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ckpt_tool.records.scan import ChannelTask, key_groups_for, read_channel, record_digests
+from ckpt_tool.records.keys import operator_index_for_key_group
+from ckpt_tool.records.scan import ChannelTask, key_groups_for, read_channel, suspect_digests, suspect_key_groups
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, join
 
@@ -155,7 +156,9 @@ def _route_upstream(channels: list[ChannelTask], spec: RouteSpec, result: Routed
         result.non_records_dropped += int((~is_record).sum())
         if key_groups is not None:
             targets = np.full(len(is_record), -1, dtype=np.int64)
-            targets[is_record] = key_groups.astype(np.int64) * spec.new_downstream_parallelism // spec.max_parallelism
+            targets[is_record] = operator_index_for_key_group(
+                spec.max_parallelism, spec.new_downstream_parallelism, key_groups.astype(np.int64)
+            )
             if drop is not None:
                 targets[drop] = -1
         else:
@@ -169,19 +172,13 @@ def _route_upstream(channels: list[ChannelTask], spec: RouteSpec, result: Routed
 def _replica_copies(decoded, groups, result: RoutedFile) -> list:
     """Per channel, a mask of the record copies to drop: where one record is held by several old
     downstream subtasks (in key groups that several of them hold), all but the lowest's."""
-    holders: dict[int, set[int]] = {}
-    for (task, _), key_groups in zip(decoded, groups):
-        for group in np.flatnonzero(np.bincount(key_groups)).tolist():
-            holders.setdefault(group, set()).add(task.downstream_subtask)
-    suspects = [group for group, subtasks in holders.items() if len(subtasks) > 1]
+    held = [(None, task.downstream_subtask, np.flatnonzero(np.bincount(g))) for (task, _), g in zip(decoded, groups)]
+    suspects = suspect_key_groups(held).get(None)  # one upstream channel: no key needed
     if not suspects:
         return [None] * len(decoded)
-    candidates, digests = [], {}
-    for (task, records), key_groups in zip(decoded, groups):
-        mask = np.zeros(len(records.tags), dtype=bool)
-        mask[records.is_record] = np.isin(key_groups, suspects)
-        found = list(zip(np.flatnonzero(mask).tolist(), record_digests(records, mask)))
-        candidates.append(found)
+    candidates = [suspect_digests(records, g, suspects) for (_, records), g in zip(decoded, groups)]
+    digests: dict[bytes, set[int]] = {}
+    for (task, _), found in zip(decoded, candidates):
         for _, digest in found:
             digests.setdefault(digest, set()).add(task.downstream_subtask)
     result.replicas_found += sum(len(s) - 1 for s in digests.values())

@@ -14,12 +14,12 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Optional
+from typing import Hashable, Iterable, Optional
 
 import numpy as np
 
 from ckpt_tool.errors import CheckpointFormatError
-from ckpt_tool.flink.channel_state import HEADER, LogicalChannel, logical_channels, split_buffers
+from ckpt_tool.flink.channel_state import HEADER, LogicalChannel, logical_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
 from ckpt_tool.records import _framing
@@ -49,35 +49,36 @@ class BufferSource:
 
     def payload(self) -> bytes:
         """The buffers' payloads, concatenated: this handle's part of a channel's record stream."""
-        if self.inline is None and is_s3(self.location) and not self.segment:
-            return b"".join(self._ranged_buffers())
         where = self.location or "inline channel state"
-        data = memoryview(self.inline if self.inline is not None else _mapped_file(self.location))
+        offsets = self.offsets
+        if self.inline is None and is_s3(self.location) and not self.segment:
+            data, offsets = self._ranged_span()
+        else:
+            data = memoryview(self.inline if self.inline is not None else _mapped_file(self.location))
         if self.segment:
             data = data[self.segment[0]:self.segment[0] + self.segment[1]]
         if bytes(data[:len(HEADER)]) != HEADER:
             raise CheckpointFormatError(f"{where}: not a channel-state file (bad header)")
-        if self.offsets and min(self.offsets) < len(HEADER):
-            raise CheckpointFormatError(f"{where}: buffer offset {min(self.offsets)} is inside the file header")
+        if offsets and min(offsets) < len(HEADER):
+            raise CheckpointFormatError(f"{where}: buffer offset {min(offsets)} is inside the file header")
         try:
-            return _framing.payloads(data, np.asarray(self.offsets, dtype=np.int64))
+            return _framing.payloads(data, np.asarray(offsets, dtype=np.int64))
         except ValueError as exc:
             raise CheckpointFormatError(f"{where}: {exc}") from None
 
-    def _ranged_buffers(self) -> list[bytes]:
+    def _ranged_span(self) -> tuple[bytes, list[int]]:
         """Object stores: two ranged GETs (the last buffer's length, then the span of all
-        buffers) instead of the whole file, which other subtasks' channels share."""
+        buffers) instead of the whole file, which other subtasks' channels share. Returns the
+        span behind a file header, and the offsets shifted to it."""
         if not self.offsets:
-            return []
+            return HEADER, []
         io = io_for(self.location)
         first, last = min(self.offsets), max(self.offsets)
         (last_length,) = struct.unpack(">i", io.read_range(self.location, last, 4))
         if last_length < 0:
             raise CheckpointFormatError(f"{self.location}: negative buffer length at offset {last}")
         span = io.read_range(self.location, first, last + 4 + last_length - first)
-        # split_buffers expects a whole file: a fake header and the span at its offsets
-        shifted = [o - first + len(HEADER) for o in self.offsets]
-        return split_buffers(HEADER + span, shifted, self.location)
+        return HEADER + span, [o - first + len(HEADER) for o in self.offsets]
 
 
 @lru_cache(maxsize=16)
@@ -157,8 +158,12 @@ def key_groups_for(exchange: Exchange, max_parallelism: int) -> Optional[KeyGrou
     return _KEY_GROUPS[ident]
 
 
-def record_digests(records: ChannelRecords, chosen: np.ndarray) -> list[bytes]:
-    return [hashlib.blake2b(records.element(i), digest_size=16).digest() for i in np.flatnonzero(chosen)]
+def suspect_digests(records: ChannelRecords, key_groups: np.ndarray, suspects: frozenset) -> list[tuple[int, bytes]]:
+    """(element index, digest) of the records whose key group (``key_groups``, one per record)
+    is a suspect."""
+    chosen = np.zeros(len(records.tags), dtype=bool)
+    chosen[records.is_record] = np.isin(key_groups, list(suspects))
+    return [(i, hashlib.blake2b(records.element(i), digest_size=16).digest()) for i in np.flatnonzero(chosen).tolist()]
 
 
 def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset()) -> ChannelStats:
@@ -179,22 +184,21 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
         found = np.flatnonzero(counts)
         stats.key_groups = Counter(dict(zip(found.tolist(), counts[found].tolist())))
         if suspects:
-            in_suspects = np.zeros(len(is_record), dtype=bool)
-            in_suspects[is_record] = np.isin(groups, list(suspects))
-            stats.digests = record_digests(records, in_suspects)
+            stats.digests = [digest for _, digest in suspect_digests(records, groups, suspects)]
     return stats
 
 
-def suspect_key_groups(stats: list[ChannelStats]) -> dict[tuple[int, int], frozenset]:
-    """Per (exchange, upstream subtask): the key groups that several downstream subtasks hold.
-    Only there can one record be held twice (Flink replicates a channel's buffers to several
-    subtasks on recovery; each copy stays on its upstream channel)."""
-    holders: dict[tuple[int, int, int], set[int]] = {}
-    for s in stats:
-        for group in s.key_groups:
-            holders.setdefault((s.exchange_index, s.upstream_subtask, group), set()).add(s.downstream_subtask)
-    suspects: dict[tuple[int, int], set[int]] = {}
-    for (exchange_index, upstream, group), downstream in holders.items():
+def suspect_key_groups(holdings: Iterable[tuple[Hashable, int, Iterable[int]]]) -> dict[Hashable, frozenset]:
+    """From (upstream channel, downstream subtask, key groups it holds): per upstream channel, the
+    key groups that several downstream subtasks hold. Only there can one record be held twice
+    (Flink replicates a channel's buffers to several subtasks on recovery; each copy stays on its
+    upstream channel)."""
+    holders: dict[tuple[Hashable, int], set[int]] = {}
+    for channel, downstream, groups in holdings:
+        for group in groups:
+            holders.setdefault((channel, group), set()).add(downstream)
+    suspects: dict[Hashable, set[int]] = {}
+    for (channel, group), downstream in holders.items():
         if len(downstream) > 1:
-            suspects.setdefault((exchange_index, upstream), set()).add(group)
-    return {key: frozenset(groups) for key, groups in suspects.items()}
+            suspects.setdefault(channel, set()).add(group)
+    return {channel: frozenset(groups) for channel, groups in suspects.items()}
