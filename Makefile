@@ -27,7 +27,11 @@ demo: setup
 	$(BIN)/ckpt rescale $(DEMO_CHECKPOINT) $(DEMO_OUT) --parallelism 3 $(DEMO_INPUTS)
 	$(BIN)/python fixtures/flink_env.py restore $(DEMO_OUT) --version 2.3.0 --parallelism 3
 
+# Lint, format check and type check first (seconds), then every test.
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -rs
 
 # Every Flink version's fixture: read, round trip, rescale restore, repair restore (a table).

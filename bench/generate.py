@@ -23,14 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ckpt_tool.engine import LocalEngine  # noqa: E402
-from ckpt_tool.flink.channel_state import ChannelStateFileBuilder  # noqa: E402
+from ckpt_tool.flink.channel_state import write_channel_state_file  # noqa: E402
 from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
 from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
+from ckpt_tool.ops.rescale import rescale  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
-from ckpt_tool.records.route import BUFFER_SIZE  # noqa: E402
-from ckpt_tool.records.schema import load_exchanges  # noqa: E402
-from ckpt_tool.rescale import plan_rescale, rescale  # noqa: E402
+from ckpt_tool.session import Session  # noqa: E402
+from ckpt_tool.storage import io_for  # noqa: E402
 from ckpt_tool.writer import write_checkpoint  # noqa: E402
 
 FIXTURE = ROOT / "fixtures" / "flink23-hashmap-p2"
@@ -47,30 +46,28 @@ def record(key: int, sequence: int) -> bytes:
 
 
 def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: int = 1) -> dict:
-    base = Checkpoint.open(str(next(FIXTURE.glob("*/chk-*"))))
     staged = out.parent / (out.name + ".base")
-    exchanges = load_exchanges(base.metadata, str(SCHEMA), str(FIXTURE / "plan.json"))
-    rescale(base, str(staged), plan_rescale(base.metadata, parallelism, {}, exchanges), LocalEngine())
+    with Session.open(str(next(FIXTURE.glob("*/chk-*"))), str(SCHEMA), str(FIXTURE / "plan.json"), "local") as base:
+        rescale(base, str(staged), parallelism)
     source = Checkpoint.open(str(staged))
     metadata = copy.deepcopy(source.metadata)
     slow = metadata.operator(SLOW_COUNT)
     owner = {
-        key: operator_index_for_key_group(slow.max_parallelism, parallelism, key_group_for_hash(long_hash(key), slow.max_parallelism))
+        key: operator_index_for_key_group(
+            slow.max_parallelism, parallelism, key_group_for_hash(long_hash(key), slow.max_parallelism)
+        )
         for key in range(NUM_KEYS)
     }
     keys_of = {d: [k for k, o in owner.items() if o == d] for d in range(parallelism)}
     per_channel = max(1, total_bytes // (parallelism * parallelism))
-    files, generated, sequence = {}, 0, 0
+    written, generated, sequence, total = set(), 0, 0, 0
     blocks = {}
     for subtask in slow.subtasks:
         keys = keys_of[subtask.index]
         if not keys:
             continue
-        builders = [ChannelStateFileBuilder() for _ in range(files_per_subtask)]
-        names = [f"bench-inflight-{subtask.index}-{i}" for i in range(files_per_subtask)]
-        delegates = [RelativeFileHandle(name, 0) for name in names]
         existing = {h.info: h for h in subtask.channel_handles(INPUT)}
-        handles = []
+        handles, pieces = [], [[] for _ in range(files_per_subtask)]
         for upstream in range(parallelism):
             if (0, upstream) in existing:  # the fixture's own in-flight data stays where it is
                 handles.append(existing[(0, upstream)])
@@ -82,24 +79,30 @@ def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: i
                     records.append(struct.pack(">i", len(raw)) + raw)
                     size += len(records[-1])
                     sequence += 1
-                stream = b"".join(records)
-                blocks[subtask.index] = (len(records), [stream[i:i + BUFFER_SIZE] for i in range(0, len(stream), BUFFER_SIZE)])
-            count, buffers = blocks[subtask.index]
+                blocks[subtask.index] = (len(records), b"".join(records))
+            count, stream = blocks[subtask.index]
             generated += count
-            which = upstream % files_per_subtask
-            offsets, state_size = builders[which].add(buffers)
-            handles.append(ChannelStateHandle(INPUT, subtask.index, (0, upstream), offsets, state_size, delegates[which]))
-        for name, builder, delegate in zip(names, builders, delegates):
-            files[name] = builder.getvalue()
-            delegate.size = len(files[name])
+            pieces[upstream % files_per_subtask].append((upstream, stream))
+        for which, file_pieces in enumerate(pieces):
+            if not file_pieces:
+                continue
+            name = f"bench-inflight-{subtask.index}-{which}"
+            writer = write_channel_state_file(io_for(str(out)), str(out / name), file_pieces)
+            delegate = RelativeFileHandle(name, writer.size)
+            for upstream, _ in file_pieces:
+                placed = writer.placements[upstream]
+                handles.append(ChannelStateHandle(INPUT, subtask.index, (0, upstream), placed.offsets, placed.size, delegate))
+            written.add(name)
+            total += writer.size
+        handles.sort(key=lambda h: h.info)
         subtask.input_channels = handles + [h for h in subtask.channel_handles(INPUT) if h.info[0] != 0]
-    write_checkpoint(source, metadata, str(out), files)
+    write_checkpoint(source, metadata, str(out), {}, already_written=frozenset(written))
     info = {
         "parallelism": parallelism,
         "generated_records": generated,
         "expected_count": json.loads((FIXTURE / "fixture.json").read_text())["source_records"] + generated,
-        "channel_state_bytes": sum(len(d) for d in files.values()),
-        "files": len(files),
+        "channel_state_bytes": total,
+        "files": len(written),
     }
     (out.parent / (out.name + ".json")).write_text(json.dumps(info, indent=1))
     return info

@@ -59,7 +59,7 @@ def timed(command: list[str]) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (MiB) of the driver (the process and its JVM), and its stdout."""
     subprocess.run(["sync"], check=True)  # each timed command starts with no dirty pages to write
     start = time.perf_counter()
-    output = tempfile.TemporaryFile(mode="w+")  # not a pipe: a large output must not block the process
+    output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (read after the process ends; not a pipe, which could block)
     process = subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     while process.poll() is None:
@@ -77,8 +77,10 @@ def timed(command: list[str]) -> tuple[float, int, str]:
 
 def spark_startup_seconds() -> float:
     """Start-up of Spark as ckpt runs it (SparkEngine's settings), one trivial job, and stop."""
-    code = ("from ckpt_tool.engine import SparkEngine; e = SparkEngine(); e.start(); "
-            "e.context.parallelize([1, 2], 2).count(); e.stop()")
+    code = (
+        "from ckpt_tool.engine import SparkEngine; e = SparkEngine(); e.start(); "
+        "e.context.parallelize([1, 2], 2).count(); e.stop()"
+    )
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=HERE.parent)
     return time.perf_counter() - start
@@ -89,17 +91,38 @@ def bench_size(work: Path, gib: float) -> dict:
     info = generate(source, 64, int(gib * GIB))
     copy_seconds, _, _ = timed(["cp", "-r", str(source), str(work / f"copy-{gib}")])
     target = work / f"out-{gib}" / "job" / "chk-3"
-    seconds, rss, out = timed([*CKPT, "rescale", str(source), str(target), "-p", "48", "--json", "--engine", "spark",
-                               "--plan", str(FIXTURE / "plan.json"), "--schema", str(SCHEMA)])
+    seconds, rss, out = timed(
+        [
+            *CKPT,
+            "rescale",
+            str(source),
+            str(target),
+            "-p",
+            "48",
+            "--json",
+            "--engine",
+            "spark",
+            "--plan",
+            str(FIXTURE / "plan.json"),
+            "--schema",
+            str(SCHEMA),
+        ]
+    )
     report = json.loads(out)
     size_in = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
     size_out = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     for directory in (source.parent.parent, work / f"copy-{gib}", target.parent.parent):
         shutil.rmtree(directory, ignore_errors=True)
     return {
-        "gib": gib, "cp_s": copy_seconds, "rescale_s": seconds, "ratio_vs_cp": seconds / copy_seconds,
-        "records_per_s": report["records_in"] / seconds, "bytes_out_over_in": size_out / size_in,
-        "inflation": report["inflation"], "peak_rss_mb": rss, "records": report["records_in"],
+        "gib": gib,
+        "cp_s": copy_seconds,
+        "rescale_s": seconds,
+        "ratio_vs_cp": seconds / copy_seconds,
+        "records_per_s": report["records_in"] / seconds,
+        "bytes_out_over_in": size_out / size_in,
+        "inflation": report["inflation"],
+        "peak_rss_mb": rss,
+        "records": report["records_in"],
         "generated": info["generated_records"],
     }
 
@@ -121,17 +144,24 @@ def main() -> int:
         print(f"spark_startup_s={spark_startup_seconds():.1f}", flush=True)
         rows = [bench_size(work, gib) for gib in args.sizes]
         for r in rows:
-            print(f"size_gib={r['gib']} cp_s={r['cp_s']:.2f} rescale_s={r['rescale_s']:.2f} "
-                  f"ratio_vs_cp={r['ratio_vs_cp']:.1f} records_per_s={r['records_per_s']:.0f} "
-                  f"bytes_out_over_in={r['bytes_out_over_in']:.3f} inflation={r['inflation']:.2f} "
-                  f"peak_rss_mb={r['peak_rss_mb']}")
+            print(
+                f"size_gib={r['gib']} cp_s={r['cp_s']:.2f} rescale_s={r['rescale_s']:.2f} "
+                f"ratio_vs_cp={r['ratio_vs_cp']:.1f} records_per_s={r['records_per_s']:.0f} "
+                f"bytes_out_over_in={r['bytes_out_over_in']:.3f} inflation={r['inflation']:.2f} "
+                f"peak_rss_mb={r['peak_rss_mb']}"
+            )
         for small, large in zip(rows, rows[1:]):
-            print(f"scaling: {large['gib'] / small['gib']:.0f}x the data ({small['gib']} -> {large['gib']} GiB) "
-                  f"in {large['rescale_s'] / small['rescale_s']:.2f}x the time", flush=True)
+            print(
+                f"scaling: {large['gib'] / small['gib']:.0f}x the data ({small['gib']} -> {large['gib']} GiB) "
+                f"in {large['rescale_s'] / small['rescale_s']:.2f}x the time",
+                flush=True,
+            )
         inspect_s = inspect_10k_seconds(work)
         last = rows[-1]
-        print(f"ratio_vs_cp={last['ratio_vs_cp']:.1f} inflation={last['inflation']:.2f} "
-              f"peak_rss_mb={last['peak_rss_mb']} inspect_10k_s={inspect_s:.2f}")
+        print(
+            f"ratio_vs_cp={last['ratio_vs_cp']:.1f} inflation={last['inflation']:.2f} "
+            f"peak_rss_mb={last['peak_rss_mb']} inspect_10k_s={inspect_s:.2f}"
+        )
     return 0
 
 

@@ -15,17 +15,15 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "fixtures")]
+sys.path[:0] = [str(HERE.parent / "fixtures")]
 
 import flink_env  # noqa: E402
-from conftest import CAPTURED, FIXTURES  # noqa: E402
-
-from ckpt_tool.engine import LocalEngine  # noqa: E402
-from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
+from catalog import CAPTURED  # noqa: E402
 from ckpt_tool.flink.metadata import read_metadata, write_metadata  # noqa: E402
-from ckpt_tool.inspect import summarize  # noqa: E402
-from ckpt_tool.records.schema import load_exchanges  # noqa: E402
-from ckpt_tool.rescale import plan_repair, plan_rescale, rescale  # noqa: E402
+from ckpt_tool.ops.inspect import inspect  # noqa: E402
+from ckpt_tool.ops.repair import repair  # noqa: E402
+from ckpt_tool.ops.rescale import rescale  # noqa: E402
+from ckpt_tool.session import Session  # noqa: E402
 
 COLUMNS = ("read", "round trip", "rescale restore", "repair restore")
 READ_KEYS = ("id", "parallelism", "max_parallelism", "finished", "channel_state")
@@ -45,7 +43,7 @@ def version_fixtures(prefixes: list[str]) -> list:
 
 
 def read_matches(fixture) -> bool:
-    summary = summarize(Checkpoint.open(str(fixture.checkpoint)))
+    summary = inspect(Session.open(str(fixture.checkpoint))).as_dict()
     got = {o["id"]: {k: o[k] for k in READ_KEYS} for o in summary["operators"]}
     want = {o["id"]: {k: o[k] for k in READ_KEYS} for o in fixture.expected["operators"]}
     return got == want and summary["checkpoint_id"] == fixture.expected["checkpoint_id"]
@@ -56,13 +54,14 @@ def round_trips(fixture) -> bool:
     return write_metadata(read_metadata(data)) == data
 
 
-def restores(fixture, work: Path, repair: bool) -> bool:
-    source = Checkpoint.open(str(fixture.checkpoint))
-    exchanges = load_exchanges(source.metadata, str(FIXTURES / "countjob.schema.toml"), str(fixture.directory / "plan.json"))
-    parallelism = fixture.info["parallelism"] if repair else fixture.info["parallelism"] + 1
-    plan = plan_repair(source.metadata, exchanges, []) if repair else plan_rescale(source.metadata, parallelism, {}, exchanges)
-    destination = work / ("repair" if repair else "rescale") / "job" / fixture.checkpoint.name
-    rescale(source, str(destination), plan, LocalEngine())
+def restores(fixture, work: Path, repaired: bool) -> bool:
+    parallelism = fixture.info["parallelism"] if repaired else fixture.info["parallelism"] + 1
+    destination = work / ("repair" if repaired else "rescale") / "job" / fixture.checkpoint.name
+    with Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan, "local") as session:
+        if repaired:
+            repair(session, str(destination), [])
+        else:
+            rescale(session, str(destination), parallelism)
     count = flink_env.restore_count(fixture.info["flink_version"], destination, parallelism, backend="hashmap")
     return count == fixture.info["source_records"]
 
@@ -73,8 +72,8 @@ def compat_row(fixture) -> dict:
         return {
             "read": read_matches(fixture),
             "round trip": round_trips(fixture),
-            "rescale restore": restores(fixture, work, repair=False),
-            "repair restore": restores(fixture, work, repair=True),
+            "rescale restore": restores(fixture, work, repaired=False),
+            "repair restore": restores(fixture, work, repaired=True),
         }
 
 

@@ -1,51 +1,17 @@
-"""Shared test fixtures: the committed real-Flink checkpoints and a local S3 server."""
+"""Shared test fixtures: the committed real-Flink checkpoints, the ckpt command, one Spark
+engine for the whole run, and a local S3 server."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
-sys.path.insert(0, str(FIXTURES))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 
-
-class Fixture:
-    """One committed checkpoint written by real Flink, with the Java reference's figures."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.name = directory.name
-        self.info = json.loads((directory / "fixture.json").read_text())
-        self.expected = json.loads((directory / "expected.json").read_text())
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.directory / self.info["checkpoint"]
-
-    @property
-    def metadata_file(self) -> Path:
-        return self.checkpoint / "_metadata"
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-ALL_FIXTURES = sorted(
-    (Fixture(d) for d in FIXTURES.iterdir() if (d / "fixture.json").exists() and (d / "expected.json").exists()),
-    key=lambda f: f.name,
-)
-
-
-# Checkpoints as Flink wrote them (the naive-rescale one is derived, built to be unsound).
-CAPTURED = [f for f in ALL_FIXTURES if not f.info.get("naive_rescale")]
-# Tests that run real Flink use the versions CI runs; `make compat` covers every version.
-CI_FLINK_VERSIONS = ("1.20.3", "2.3.0")
-RESTORABLE = [f for f in CAPTURED if f.info["flink_version"] in CI_FLINK_VERSIONS]
+from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, RESTORABLE
 
 
 def pytest_generate_tests(metafunc):
@@ -60,6 +26,55 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("restorable", RESTORABLE, ids=[f.name for f in RESTORABLE])
 
 
+@pytest.fixture
+def ckpt(capsys):
+    """Run the ckpt command in-process: ``ckpt("inspect", ...)`` -> (exit code, stdout, stderr)."""
+    from ckpt_tool.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def spark(s3_endpoint):
+    """One Spark engine (local[2], as CI has two cores) for every test that needs Spark. It
+    starts after the local S3 server, so that its workers inherit the server's settings; ckpt
+    commands run in this process reuse it and leave it running."""
+    from ckpt_tool.engine import SparkEngine
+
+    engine = SparkEngine("local[2]")
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def record_multiset():
+    """The records (stream-element tags 0 and 1) of every exchange a session describes, as a
+    multiset of their bytes."""
+    from collections import Counter
+
+    from ckpt_tool.engine.tasks import channel_tasks, read_channel
+    from ckpt_tool.flink.channel_state import ChannelStateReader
+
+    def multiset(session) -> Counter:
+        records: Counter = Counter()
+        with ChannelStateReader() as reader:
+            for task in channel_tasks(session.checkpoint, session.exchanges):
+                channel = read_channel(reader, task)
+                records.update(channel.element(i) for i in channel.is_record.nonzero()[0].tolist())
+        return records
+
+    return multiset
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """moto's S3 server on 127.0.0.1, with dummy credentials in the environment."""
@@ -72,7 +87,8 @@ def s3_endpoint():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")}
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+    saved = {k: os.environ.get(k) for k in names}
     os.environ.update(
         AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint
     )

@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 
+from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import read_metadata
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES, FIXTURES
 
 BASE = next(f for f in ALL_FIXTURES if f.name == "flink120-hashmap-p2")  # channel state in a file
 
@@ -51,22 +50,42 @@ KINDS = ["truncated-metadata", "flipped-byte", "not-a-checkpoint", "missing-chan
 COMMANDS = {
     "inspect": lambda src, dst: ["inspect", src],
     "verify": lambda src, dst: ["verify", src, "--engine", "local"],
-    "rescale": lambda src, dst: ["rescale", src, dst, "-p", "3", "--engine", "local", "--schema",
-                                 str(FIXTURES / "countjob.schema.toml"), "--plan", str(BASE.directory / "plan.json")],
-    "repair": lambda src, dst: ["repair", src, dst, "--engine", "local", "--schema",
-                                str(FIXTURES / "countjob.schema.toml"), "--plan", str(BASE.directory / "plan.json")],
+    "rescale": lambda src, dst: [
+        "rescale",
+        src,
+        dst,
+        "-p",
+        "3",
+        "--engine",
+        "local",
+        "--schema",
+        str(FIXTURES / "countjob.schema.toml"),
+        "--plan",
+        str(BASE.directory / "plan.json"),
+    ],
+    "repair": lambda src, dst: [
+        "repair",
+        src,
+        dst,
+        "--engine",
+        "local",
+        "--schema",
+        str(FIXTURES / "countjob.schema.toml"),
+        "--plan",
+        str(BASE.directory / "plan.json"),
+    ],
 }
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_bad_input(capsys, tmp_path, command, kind):
+def test_bad_input(ckpt, tmp_path, command, kind):
     job = tmp_path / "job"
     shutil.copytree(BASE.checkpoint.parent, job)
     checkpoint = job / BASE.checkpoint.name
     damage(checkpoint, kind)
     destination = tmp_path / "out"
-    code, out, err = run_ckpt(capsys, *COMMANDS[command](str(checkpoint), str(destination)))
+    code, out, err = ckpt(*COMMANDS[command](str(checkpoint), str(destination)))
     assert code == 2, (out, err)
     assert "Traceback" not in err and "Traceback" not in out
     if command == "verify" and out:  # the report names the damage, status unusable

@@ -6,10 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.records.batch import KeyGroups, frame_channel
 from ckpt_tool.records.keys import key_group_for_hash
-from ckpt_tool.records.scan import BufferSource
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import RecordDecodeError
 
@@ -67,10 +65,15 @@ def test_scalar_keys_match_java_hash_codes(name):
 
 def test_tuple_fields_after_fixed_fields_and_several_key_fields():
     record_type = "tuple<int,short,byte,boolean,char,double,float,long,string>"
-    stream = framed(*(
-        record(struct.pack(">ihb?Hdfq", i * 7919 - 50, -i, i % 100, i % 3 == 0, i, i / 3, -i / 7, i**3) + flink_string(f"k{i}"))
-        for i in range(300)
-    ), struct.pack(">bq", 2, 99))  # a watermark in between is no record
+    stream = framed(
+        *(
+            record(
+                struct.pack(">ihb?Hdfq", i * 7919 - 50, -i, i % 100, i % 3 == 0, i, i / 3, -i / 7, i**3) + flink_string(f"k{i}")
+            )
+            for i in range(300)
+        ),
+        struct.pack(">bq", 2, 99),
+    )  # a watermark in between is no record
     for key in (("f0",), ("f5",), ("f7",), ("f7", "f0"), ("f3", "f4", "f6")):
         exchange = Exchange("u", "d", record_type=record_type, key=key)
         assert vectorised_key_groups(exchange, stream) == per_record_key_groups(exchange, stream), key
@@ -101,13 +104,16 @@ def test_a_record_ending_inside_its_key_is_an_error():
         vectorised_key_groups(exchange, framed(record(struct.pack(">qi", 1, 2))))
 
 
-@pytest.mark.parametrize("stream, error, message", [
-    (framed(b"\x00" + b"x" * 20) + struct.pack(">i", -5), CheckpointFormatError, "negative record length -5 at byte 25"),
-    (framed(b""), RecordDecodeError, "empty stream element"),
-    (framed(b"\x09abc"), RecordDecodeError, "unknown stream element tag 9"),
-    (framed(b"\x02" + b"\x00" * 4), RecordDecodeError, "watermark element of 5 bytes, expected 9"),
-    (framed(b"\x00\x00"), RecordDecodeError, "record too short for its timestamp"),
-])
+@pytest.mark.parametrize(
+    "stream, error, message",
+    [
+        (framed(b"\x00" + b"x" * 20) + struct.pack(">i", -5), RecordDecodeError, "negative record length -5 at byte 25"),
+        (framed(b""), RecordDecodeError, "empty stream element"),
+        (framed(b"\x09abc"), RecordDecodeError, "unknown stream element tag 9"),
+        (framed(b"\x02" + b"\x00" * 4), RecordDecodeError, "watermark element of 5 bytes, expected 9"),
+        (framed(b"\x00\x00"), RecordDecodeError, "record too short for its timestamp"),
+    ],
+)
 def test_bad_elements(stream, error, message):
     with pytest.raises(error, match=message):
         frame_channel(stream)
@@ -119,15 +125,3 @@ def test_elements_classified_and_trailing_bytes_kept():
     assert records.tags.tolist() == [0, 2, 4, 1] and records.trailing == 7
     assert records.is_record.tolist() == [True, False, False, True]
     assert records.framed(records.is_record) == framed(record(b"a"), record(b"b", False))
-
-
-def test_buffer_payloads_and_their_errors():
-    data = b"\x00\x00\x00\x00" + framed(b"abc", b"", b"defg")
-    assert BufferSource(None, data, None, [4, 11, 15]).payload() == b"abcdefg"
-    assert BufferSource(None, data, None, [15, 4]).payload() == b"defgabc"
-    with pytest.raises(CheckpointFormatError, match="offset 40 is outside the file"):
-        BufferSource(None, data, None, [40]).payload()
-    with pytest.raises(CheckpointFormatError, match="runs past the end"):
-        BufferSource(None, data[:-1], None, [15]).payload()
-    with pytest.raises(CheckpointFormatError, match="bad header"):
-        BufferSource(None, b"\x00\x00\x00\x01" + data[4:], None, [4]).payload()

@@ -9,7 +9,7 @@ import pytest
 import flink_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from generate import generate  # noqa: E402
+from generate import generate
 
 
 @pytest.mark.flink
@@ -24,17 +24,15 @@ def test_generated_checkpoint_restores_with_exact_count(tmp_path):
 @pytest.mark.flink
 def test_generated_checkpoint_rescaled_as_the_benchmark_does_restores_exactly(tmp_path):
     """The benchmark's path in small: P=4 -> 3 through ckpt's route tasks, then a Flink restore."""
-    from ckpt_tool.engine import LocalEngine
-    from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.records.schema import load_exchanges
-    from ckpt_tool.rescale import plan_rescale, rescale
     from generate import FIXTURE, SCHEMA
+
+    from ckpt_tool.ops.rescale import rescale
+    from ckpt_tool.session import Session
 
     source = tmp_path / "src" / "job" / "chk-3"
     info = generate(source, 4, 2_000_000)
-    checkpoint = Checkpoint.open(str(source))
-    exchanges = load_exchanges(checkpoint.metadata, str(SCHEMA), str(FIXTURE / "plan.json"))
     target = tmp_path / "out" / "job" / "chk-3"
-    report = rescale(checkpoint, str(target), plan_rescale(checkpoint.metadata, 3, {}, exchanges), LocalEngine()).as_dict()
+    session = Session.open(str(source), str(SCHEMA), str(FIXTURE / "plan.json"), "local")
+    report = rescale(session, str(target), 3).as_dict()
     assert report["inflation"] == 1.0 and report["records_in"] >= info["generated_records"]
     assert flink_env.restore_count("2.3.0", target, 3, backend="hashmap") == info["expected_count"]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from ckpt_tool.flink.channel_state import logical_channels
+from ckpt_tool.engine.tasks import channel_tasks, read_channel
+from ckpt_tool.flink.channel_state import ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.records.framing import split_records
+from ckpt_tool.records.schema import Exchange
 
 
 def exchanges(fixture):
     """(upstream id, downstream id, gate, partition) of every exchange the reference decoded."""
-    return sorted({(c["upstream"], c["downstream"], c.get("gate", 0), c.get("partition", 0)) for c in fixture.expected["logical_channels"]})
+    channels = fixture.expected["logical_channels"]
+    return sorted({(c["upstream"], c["downstream"], c.get("gate", 0), c.get("partition", 0)) for c in channels})
 
 
 def test_fixture_has_input_and_output_channel_state(fixture):
@@ -19,22 +21,22 @@ def test_fixture_has_input_and_output_channel_state(fixture):
 
 def test_records_per_logical_channel_match_flink(fixture):
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
-    md = checkpoint.metadata
     expected = {
         (c["upstream"], c["downstream"], c["upstream_subtask"], c["downstream_subtask"]): c
         for c in fixture.expected["logical_channels"]
     }
     seen = set()
-    for up, down, gate, partition in exchanges(fixture):
-        for channel in logical_channels(md.operator(up), md.operator(down), gate, partition):
-            key = (up, down, channel.upstream_subtask, channel.downstream_subtask)
+    described = exchanges(fixture)
+    tasks = channel_tasks(checkpoint, [Exchange(up, down, gate, partition) for up, down, gate, partition in described])
+    with ChannelStateReader() as reader:
+        for task in tasks:
+            up, down, _, _ = described[task.exchange_index]
+            key = (up, down, task.upstream_subtask, task.downstream_subtask)
             want = expected[key]
-            inputs, outputs = channel.buffers(checkpoint)
-            framed = split_records(inputs + outputs)
-            assert framed.trailing == b"", key
+            records = read_channel(reader, task)
+            assert records.trailing == 0, key
+            buffers = (sum(len(s.offsets) for s in task.inputs), sum(len(s.offsets) for s in task.outputs))
             elements = want["records"] + want.get("watermarks", 0) + want.get("other_elements", 0)
-            assert (len(inputs), len(outputs), len(framed.records)) == (
-                want["input_buffers"], want["output_buffers"], elements
-            ), key
+            assert (*buffers, len(records.tags)) == (want["input_buffers"], want["output_buffers"], elements), key
             seen.add(key)
     assert seen == {k for k, c in expected.items() if c["input_buffers"] or c["output_buffers"]}

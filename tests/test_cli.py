@@ -7,22 +7,21 @@ import shutil
 
 import pytest
 
+from catalog import ALL_FIXTURES
 from ckpt_tool import __version__
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES
 
 OPERATOR_KEYS = ("id", "uid", "name", "parallelism", "max_parallelism", "finished", "channel_state")
 
 
-def test_version_and_help(capsys):
-    code, out, _ = run_ckpt(capsys, "--version")
+def test_version_and_help(ckpt):
+    code, out, _ = ckpt("--version")
     assert code == 0 and __version__ in out
-    code, out, _ = run_ckpt(capsys, "--help")
+    code, out, _ = ckpt("--help")
     assert code == 0 and "inspect" in out
 
 
-def test_inspect_json_matches_flink(capsys, fixture):
-    code, out, err = run_ckpt(capsys, "inspect", "--json", str(fixture.checkpoint))
+def test_inspect_json_matches_flink(ckpt, fixture):
+    code, out, err = ckpt("inspect", "--json", str(fixture.checkpoint))
     assert code == 0, err
     got = json.loads(out)
     assert got["checkpoint_id"] == fixture.expected["checkpoint_id"]
@@ -31,16 +30,16 @@ def test_inspect_json_matches_flink(capsys, fixture):
     assert {op["id"]: {k: op[k] for k in OPERATOR_KEYS} for op in got["operators"]} == want
 
 
-def test_inspect_tables(capsys, fixture):
-    code, out, _ = run_ckpt(capsys, "inspect", str(fixture.checkpoint))
+def test_inspect_tables(ckpt, fixture):
+    code, out, _ = ckpt("inspect", str(fixture.checkpoint))
     assert code == 0
     assert "Operators" in out and str(fixture.expected["checkpoint_id"]) in out
 
 
-def test_inspect_accepts_the_metadata_file_and_file_uri(capsys):
+def test_inspect_accepts_the_metadata_file_and_file_uri(ckpt):
     fixture = ALL_FIXTURES[0]
     for target in (str(fixture.metadata_file), "file://" + str(fixture.checkpoint)):
-        code, out, _ = run_ckpt(capsys, "inspect", "--json", target)
+        code, out, _ = ckpt("inspect", "--json", target)
         assert code == 0 and json.loads(out)["checkpoint_id"] == fixture.expected["checkpoint_id"]
 
 
@@ -62,43 +61,43 @@ def assert_clean_error(code: int, out: str, err: str, fragment: str) -> None:
     assert fragment in lines[0]
 
 
-def test_not_a_checkpoint(capsys, tmp_path):
-    assert_clean_error(*run_ckpt(capsys, "inspect", str(tmp_path)), "is not a checkpoint")
+def test_not_a_checkpoint(ckpt, tmp_path):
+    assert_clean_error(*ckpt("inspect", str(tmp_path)), "is not a checkpoint")
 
 
-def test_wrong_magic(capsys, broken):
+def test_wrong_magic(ckpt, broken):
     data = bytearray((broken / "_metadata").read_bytes())
     data[0] ^= 0xFF
     (broken / "_metadata").write_bytes(bytes(data))
-    assert_clean_error(*run_ckpt(capsys, "inspect", str(broken)), "magic number")
+    assert_clean_error(*ckpt("inspect", str(broken)), "magic number")
 
 
-def test_unsupported_version(capsys, broken):
+def test_unsupported_version(ckpt, broken):
     data = bytearray((broken / "_metadata").read_bytes())
     data[4:8] = (9).to_bytes(4, "big")
     (broken / "_metadata").write_bytes(bytes(data))
-    assert_clean_error(*run_ckpt(capsys, "inspect", str(broken)), "version 9; supported versions are 3, 4, 5, 6")
+    assert_clean_error(*ckpt("inspect", str(broken)), "version 9; supported versions are 3, 4, 5, 6")
 
 
 @pytest.mark.parametrize("keep", [0, 3, 7, 20, 61, 200, 0.5, 0.9])
-def test_truncated_metadata(capsys, broken, keep):
+def test_truncated_metadata(ckpt, broken, keep):
     data = (broken / "_metadata").read_bytes()
     cut = int(len(data) * keep) if isinstance(keep, float) else keep
     (broken / "_metadata").write_bytes(data[:cut])
-    code, out, err = run_ckpt(capsys, "inspect", str(broken))
+    code, out, err = ckpt("inspect", str(broken))
     assert_clean_error(code, out, err, "")
     assert "truncated" in err or "not a Flink checkpoint" in err or "missing checkpoint properties" in err
 
 
-def test_missing_channel_state_file(capsys, broken):
+def test_missing_channel_state_file(ckpt, broken):
     from ckpt_tool.flink.checkpoint import Checkpoint
 
     checkpoint = Checkpoint.open(str(broken))
     victim = next(u for u in checkpoint.referenced_files() if not u.endswith("_metadata"))
     shutil.os.remove(victim)
-    assert_clean_error(*run_ckpt(capsys, "inspect", str(broken)), "is missing")
+    assert_clean_error(*ckpt("inspect", str(broken)), "is missing")
 
 
-def test_verbose_shows_traceback(capsys, tmp_path):
-    code, _, err = run_ckpt(capsys, "--verbose", "inspect", str(tmp_path))
+def test_verbose_shows_traceback(ckpt, tmp_path):
+    code, _, err = ckpt("--verbose", "inspect", str(tmp_path))
     assert code == 2 and "Traceback" in err

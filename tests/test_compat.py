@@ -1,7 +1,6 @@
 """The Flink 1.20 and 2.3 rows of the compatibility matrix (`make compat` runs them all)."""
 
 import pytest
-
 from compat_matrix import compat_row, version_fixtures
 
 ROWS = version_fixtures(["1.20", "2.3"])

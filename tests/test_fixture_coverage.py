@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from catalog import ALL_FIXTURES
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import IncrementalKeyedHandle, KeyGroupsHandle, MergedChannelStateHandle
-from conftest import ALL_FIXTURES
 
 
 def channel_file_owners(checkpoint: Checkpoint) -> dict[str, set]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 
+from catalog import ALL_FIXTURES
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint, PathMapping
 from ckpt_tool.flink.metadata import read_metadata
-from ckpt_tool.inspect import summarize
-from conftest import ALL_FIXTURES
+from ckpt_tool.ops.inspect import inspect
+from ckpt_tool.session import Session
 
 MUTATIONS_PER_FIXTURE = 500
 
@@ -26,7 +27,7 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
     elif kind == 3:  # insert junk
         data[position:position] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
     else:  # a large count or length where an int was
-        data[position:position + 4] = rng.choice([b"\x7f\xff\xff\xff", b"\xff\xff\xff\xff", b"\x00\x01\x00\x00"])
+        data[position : position + 4] = rng.choice([b"\x7f\xff\xff\xff", b"\xff\xff\xff\xff", b"\x00\x01\x00\x00"])
     return bytes(data)
 
 
@@ -45,7 +46,7 @@ def test_fuzzed_metadata(tmp_path):
             parsed += 1
             checkpoint = Checkpoint(str(tmp_path), None, metadata, PathMapping.detect(metadata, str(tmp_path)))
             try:
-                summarize(checkpoint)  # metadata-only inspect must cope with whatever parsed
+                inspect(Session(checkpoint))  # metadata-only inspect must cope with whatever parsed
             except CkptError:
                 pass
     assert failed > 0 and parsed > 0

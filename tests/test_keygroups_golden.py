@@ -12,6 +12,7 @@ import struct
 
 import pytest
 
+from catalog import FIXTURES
 from ckpt_tool.records.keys import (
     binary_row_hash,
     java_hash,
@@ -20,7 +21,6 @@ from ckpt_tool.records.keys import (
     operator_index_for_key_group,
 )
 from ckpt_tool.records.types import SQL_SCALARS, DataType, Row, build_binary_row
-from conftest import FIXTURES
 
 GOLDEN = sorted((FIXTURES / "keygroups").glob("golden-*.jsonl.gz"))
 ROW_KINDS = {"+I": 0, "-U": 1, "+U": 2, "-D": 3}
@@ -67,7 +67,8 @@ def test_golden_key_groups(path):
         else:
             key_hash = java_hash(*typed(key))
         assert key_hash == entry["hash"], key
-        for max_parallelism, key_group, indexes in zip(header["max_parallelisms"], entry["key_groups"], entry["operator_indexes"]):
+        groups = zip(header["max_parallelisms"], entry["key_groups"], entry["operator_indexes"])
+        for max_parallelism, key_group, indexes in groups:
             assert key_group_for_hash(key_hash, max_parallelism) == key_group, (key, max_parallelism)
             for parallelism, index in zip(header["parallelisms"], indexes):
                 assert operator_index_for_key_group(max_parallelism, parallelism, key_group) == index

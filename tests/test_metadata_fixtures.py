@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckpt_tool.flink.channel_state import read_buffers
+from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import read_metadata, write_metadata
 from ckpt_tool.flink.model import INPUT, OUTPUT, MergedChannelStateHandle
@@ -58,7 +58,13 @@ def test_channel_state_read_from_files_matches_flink(fixture):
     expected = operators_by_id(fixture)
     for op in checkpoint.metadata.operators:
         for direction in (INPUT, OUTPUT):
-            buffers = [b for s in op.subtasks for h in s.channel_handles(direction) for b in read_buffers(checkpoint, h)]
+            with ChannelStateReader() as reader:
+                buffers = [
+                    b
+                    for s in op.subtasks
+                    for h in s.channel_handles(direction)
+                    for b in reader.buffers(BufferSource.of(checkpoint, h))
+                ]
             want = expected[op.id_hex]["channel_state"][direction]
             assert (len(buffers), sum(map(len, buffers))) == (want["buffers"], want["bytes"]), (op.id_hex, direction)
 

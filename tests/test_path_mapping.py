@@ -3,9 +3,7 @@ from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, KeyGroupsHandl
 
 
 def metadata_with(*paths: str) -> CheckpointMetadata:
-    subtasks = [
-        SubtaskState(i, managed_keyed=KeyGroupsHandle(12, 0, [0], FileHandle(p, 1), "id")) for i, p in enumerate(paths)
-    ]
+    subtasks = [SubtaskState(i, managed_keyed=KeyGroupsHandle(12, 0, [0], FileHandle(p, 1), "id")) for i, p in enumerate(paths)]
     return CheckpointMetadata(6, 7, [], [OperatorState(bytes(16), len(paths), 128, subtasks=subtasks)], b"")
 
 

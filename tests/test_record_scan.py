@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-
-from ckpt_tool.engine import LocalEngine, SparkEngine
+from ckpt_tool.engine import LocalEngine
+from ckpt_tool.exchanges import scan_exchanges
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.inspect import exchanges_summary
 from ckpt_tool.records.schema import load_exchanges
-from conftest import FIXTURES
 
 
-def schema_for(fixture):
-    own = fixture.directory / "schema.toml"
-    return str(own if own.exists() else FIXTURES / "countjob.schema.toml")
-
-
-@pytest.fixture(scope="session")
-def spark_engine():
-    engine = SparkEngine("local[2]")
-    yield engine
-    engine.stop()
-
-
-def scan(fixture, engine):
+def scan(fixture, engine) -> list[dict]:
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
-    exchanges = load_exchanges(checkpoint.metadata, schema_for(fixture), str(fixture.directory / "plan.json"))
-    return exchanges_summary(checkpoint, exchanges, engine)
+    exchanges = load_exchanges(checkpoint.metadata, fixture.schema, fixture.plan)
+    return [e.as_dict() for e in scan_exchanges(checkpoint, exchanges, engine)]
 
 
 def test_records_per_channel_match_flink(fixture):
@@ -54,5 +39,5 @@ def test_keyed_records_sit_in_their_subtasks_key_groups(fixture):
             assert sum(exchange["key_group_histogram"].values()) == exchange["records"]
 
 
-def test_spark_and_local_engines_agree(fixture, spark_engine):
-    assert scan(fixture, spark_engine) == scan(fixture, LocalEngine())
+def test_spark_and_local_engines_agree(fixture, spark):
+    assert scan(fixture, spark) == scan(fixture, LocalEngine())

@@ -7,26 +7,26 @@ import hashlib
 from collections import Counter
 
 from ckpt_tool.engine import LocalEngine
+from ckpt_tool.engine.tasks import channel_tasks, key_groups_of, read_channel
+from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.flink.channel_state import ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.inspect import exchanges_summary
 from ckpt_tool.records.elements import NON_RECORDS
 from ckpt_tool.records.keys import key_group_for_hash
-from ckpt_tool.records.scan import channel_tasks, key_groups_for, read_channel
 from ckpt_tool.records.schema import load_exchanges
-from test_record_scan import schema_for
 
 
 def exchanges_of(fixture, checkpoint):
-    return load_exchanges(checkpoint.metadata, schema_for(fixture), str(fixture.directory / "plan.json"))
+    return load_exchanges(checkpoint.metadata, fixture.schema, fixture.plan)
 
 
 def test_every_record_matches_flink(fixture):
     """The production record path (C framing, NumPy tags and key groups) record by record."""
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
-    md = checkpoint.metadata
     expected = {
         (c["upstream"], c["downstream"], c["upstream_subtask"], c["downstream_subtask"]): c["elements"]
-        for c in fixture.expected["logical_channels"] if "elements" in c
+        for c in fixture.expected["logical_channels"]
+        if "elements" in c
     }
     assert expected, "the reference lists elements"
     compared = 0
@@ -34,11 +34,12 @@ def test_every_record_matches_flink(fixture):
     for task in channel_tasks(checkpoint, exchanges):
         exchange = exchanges[task.exchange_index]
         want = expected[(exchange.upstream_id, exchange.downstream_id, task.upstream_subtask, task.downstream_subtask)]
-        records = read_channel(task)[0]
+        with ChannelStateReader() as reader:
+            records = read_channel(reader, task)
         assert len(records.tags) == len(want)
         kinds = ["record" if tag <= 1 else NON_RECORDS[tag][0] for tag in records.tags.tolist()]
         assert kinds == [element["kind"] for element in want]
-        keys = key_groups_for(exchange, task.max_parallelism)
+        keys = key_groups_of(exchange, task.max_parallelism)
         groups = iter(keys.of(records, records.is_record).tolist() if keys else [])
         key_of = exchange.key_function() if keys else None
         value_starts = records.value_starts() - records.starts - 4
@@ -58,7 +59,7 @@ def test_every_record_matches_flink(fixture):
 
 def test_histograms_misplaced_and_duplicates_match_flink(fixture):
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
-    summary = exchanges_summary(checkpoint, exchanges_of(fixture, checkpoint), LocalEngine())
+    summary = [e.as_dict() for e in scan_exchanges(checkpoint, exchanges_of(fixture, checkpoint), LocalEngine())]
     for want in fixture.expected["keyed_operators"]:
         mine = [e for e in summary if e["downstream"] == want["operator"] and e["keyed"]]
         histogram = Counter()

@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pytest
 
 import flink_env
-from ckpt_tool.engine import LocalEngine, SparkEngine
-from ckpt_tool.flink.channel_state import logical_channels
-from ckpt_tool.flink.checkpoint import Checkpoint
+from catalog import COUNTJOB_SCHEMA, RESTORABLE, tree_digest
+from ckpt_tool.engine import LocalEngine
+from ckpt_tool.exchanges import scan_exchanges
 from ckpt_tool.flink.model import OUTPUT
-from ckpt_tool.inspect import exchanges_summary
-from ckpt_tool.records.framing import split_records
-from ckpt_tool.records.schema import load_exchanges
-from ckpt_tool.rescale import RescaleError, plan_rescale, rescale
-from cli_util import run_ckpt
-from conftest import FIXTURES, RESTORABLE
-from test_flink_restore import tree_digest
-from test_record_scan import schema_for
+from ckpt_tool.ops.rescale import rescale
+from ckpt_tool.planning import RescaleError
+from ckpt_tool.session import Session
 
-SCHEMA = str(FIXTURES / "countjob.schema.toml")
+SCHEMA = str(COUNTJOB_SCHEMA)
 TUPLE_JOB = [f for f in RESTORABLE if f.info.get("job_kind", "tuple") == "tuple"]
 BASES = [f for f in TUPLE_JOB if not f.info.get("restored_from")]
 # each step rescales the previous step's output (the first step the fixture itself)
@@ -33,82 +27,59 @@ CASES = (
 )
 
 
-@pytest.fixture(scope="module")
-def spark():
-    engine = SparkEngine("local[2]")
-    yield engine
-    engine.stop()
-
-
-def exchanges_of(checkpoint: Checkpoint, fixture):
-    return load_exchanges(checkpoint.metadata, schema_for(fixture), str(fixture.directory / "plan.json"))
-
-
-def record_multiset(checkpoint: Checkpoint, fixture) -> Counter:
-    records = Counter()
-    for exchange in exchanges_of(checkpoint, fixture):
-        md = checkpoint.metadata
-        up = md.operator(exchange.upstream_id) if exchange.upstream_id else None
-        for channel in logical_channels(up, md.operator(exchange.downstream_id), exchange.gate, exchange.partition):
-            inputs, outputs = channel.buffers(checkpoint)
-            records.update(r for r in split_records(inputs + outputs).records if r[0] <= 1)  # stream-element tags 0 and 1 are records
-    return records
+def session_of(uri, fixture, engine) -> Session:
+    return Session.open(str(uri), fixture.schema, fixture.plan, engine)
 
 
 def run_path(fixture, steps, tmp_path, engine):
-    current = Checkpoint.open(str(fixture.checkpoint))
-    reports = []
+    """Rescale the fixture along ``steps``, each step from the previous step's output."""
+    current = fixture.checkpoint
     for number, parallelism in enumerate(steps):
-        destination = tmp_path / f"step{number}-p{parallelism}" / "job" / f"chk-{current.metadata.checkpoint_id}"
-        plan = plan_rescale(current.metadata, parallelism, {}, exchanges_of(current, fixture))
-        reports.append(rescale(current, str(destination), plan, engine).as_dict())
-        current = Checkpoint.open(str(destination))
-        yield parallelism, current, reports[-1]
+        destination = tmp_path / f"step{number}-p{parallelism}" / "job" / current.name
+        report = rescale(session_of(current, fixture, engine), str(destination), parallelism)
+        current = destination
+        yield parallelism, session_of(destination, fixture, LocalEngine()), report.as_dict()
 
 
 @pytest.mark.flink
 @pytest.mark.parametrize(
     "base, steps", CASES, ids=[f"{f.name}:{f.info['parallelism']}-{'-'.join(map(str, s))}" for f, s in CASES]
 )
-def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, spark):
+def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, spark, record_multiset):
     fixture = base
     info = fixture.info
     before_tree = tree_digest(fixture.directory)
-    source = Checkpoint.open(str(fixture.checkpoint))
-    before = record_multiset(source, fixture)
+    before = record_multiset(session_of(fixture.checkpoint, fixture, LocalEngine()))
     assert sum(before.values()) > 0
     for parallelism, rescaled, report in run_path(fixture, steps, tmp_path, spark):
         assert report["inflation"] == 1.0 and report["records_out"] == report["records_in"] == sum(before.values())
-        assert record_multiset(rescaled, fixture) == before
-        scanned = exchanges_summary(rescaled, exchanges_of(rescaled, fixture), LocalEngine())
-        for exchange in scanned:
-            if exchange["keyed"]:
-                assert exchange["misplaced_records"] == 0 and exchange["duplicate_records"] == 0
+        assert record_multiset(rescaled) == before
+        for scan in scan_exchanges(rescaled.checkpoint, rescaled.exchanges, LocalEngine()):
+            if scan.keyed:
+                assert scan.total("misplaced_records") == 0 and scan.duplicate_records == 0
         # output-side data was recovered on the downstream side
-        assert not any(s.channel_handles(OUTPUT) for op in rescaled.metadata.operators for s in op.subtasks
-                       if op.parallelism == parallelism)
-        count = flink_env.restore_count(info["flink_version"], rescaled.uri, parallelism, backend=info["backend"])
+        assert not any(
+            s.channel_handles(OUTPUT) for op in rescaled.metadata.operators for s in op.subtasks if op.parallelism == parallelism
+        )
+        count = flink_env.restore_count(info["flink_version"], rescaled.checkpoint.uri, parallelism, backend=info["backend"])
         assert count == info["source_records"], f"restore at parallelism {parallelism}"
     assert tree_digest(fixture.directory) == before_tree, "the input checkpoint was modified"
 
 
-def test_repeated_rescales_keep_inflation_at_one(tmp_path):
+def test_repeated_rescales_keep_inflation_at_one(tmp_path, record_multiset):
     fixture = BASES[0]
-    before = record_multiset(Checkpoint.open(str(fixture.checkpoint)), fixture)
+    before = record_multiset(session_of(fixture.checkpoint, fixture, LocalEngine()))
     for _, rescaled, report in run_path(fixture, [1, 4, 1, 4, 1, 4], tmp_path, LocalEngine()):
         assert report["inflation"] == 1.0
-        assert record_multiset(rescaled, fixture) == before
+        assert record_multiset(rescaled) == before
 
 
 def test_refuses_forward_exchange_with_inflight_data(tmp_path):
     fixture = BASES[0]
     schema = tmp_path / "forward.toml"
-    schema.write_text(
-        (FIXTURES / "countjob.schema.toml").read_text().replace('partitioner = "HASH"', 'partitioner = "FORWARD"', 1)
-    )
-    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    schema.write_text(COUNTJOB_SCHEMA.read_text().replace('partitioner = "HASH"', 'partitioner = "FORWARD"', 1))
     with pytest.raises(RescaleError, match="forward exchange pairs subtasks one to one"):
-        plan_rescale(checkpoint.metadata, 3, {}, load_exchanges(checkpoint.metadata, str(schema), None))
+        rescale(Session.open(str(fixture.checkpoint), str(schema)), str(tmp_path / "out"), 3)
 
 
 @pytest.mark.parametrize(
@@ -119,31 +90,29 @@ def test_refuses_forward_exchange_with_inflight_data(tmp_path):
         ([], "give --parallelism N"),
     ],
 )
-def test_cli_refusals(capsys, tmp_path, args, message):
+def test_cli_refusals(ckpt, tmp_path, args, message):
     fixture = BASES[0]
-    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "out"), "--engine", "local",
-                              "--schema", SCHEMA, *args)
+    code, _, err = ckpt("rescale", str(fixture.checkpoint), str(tmp_path / "out"), "--engine", "local", "--schema", SCHEMA, *args)
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_refuses_unknown_exchange(capsys, tmp_path):
-    code, _, err = run_ckpt(capsys, "rescale", str(BASES[0].checkpoint), str(tmp_path / "out"), "-p", "3",
-                            "--engine", "local")
+def test_cli_refuses_unknown_exchange(ckpt, tmp_path):
+    code, _, err = ckpt("rescale", str(BASES[0].checkpoint), str(tmp_path / "out"), "-p", "3", "--engine", "local")
     assert code == 2 and "no exchange in --plan/--schema describes" in err
 
 
-def test_cli_dry_run_writes_nothing_and_existing_destination_is_refused(capsys, tmp_path):
+def test_cli_dry_run_writes_nothing_and_existing_destination_is_refused(ckpt, tmp_path):
     fixture = BASES[0]
     common = ["--engine", "local", "--schema", SCHEMA, "--plan", str(fixture.directory / "plan.json"), "-p", "3"]
-    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "dry"), "--dry-run", "--json", *common)
+    code, out, err = ckpt("rescale", str(fixture.checkpoint), str(tmp_path / "dry"), "--dry-run", "--json", *common)
     assert code == 0, err
     report = json.loads(out)
     assert report["dry_run"] and report["files_written"] == 0 and not (tmp_path / "dry").exists()
-    code, out, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
+    code, out, err = ckpt("rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
     assert code == 0, err
     assert "inflation 1.00" in out and (tmp_path / "real" / "_metadata").exists()
-    code, _, err = run_ckpt(capsys, "rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
+    code, _, err = ckpt("rescale", str(fixture.checkpoint), str(tmp_path / "real"), *common)
     assert code == 2 and "already exists" in err
 
 
@@ -151,12 +120,12 @@ def test_cli_dry_run_writes_nothing_and_existing_destination_is_refused(capsys, 
 def test_merged_key_group_files_restore(tmp_path, monkeypatch):
     """The metadata-v3 path (Flink 1.15: no changelog handle) merges key-group files; forced here on
     a 1.20 checkpoint so that CI's Flink proves the merged files."""
-    import ckpt_tool.rescale as rescale_module
+    import ckpt_tool.rewrite as rewrite_module
 
-    monkeypatch.setattr(rescale_module, "CHANGELOG_HANDLE_SINCE", 99)
+    monkeypatch.setattr(rewrite_module, "CHANGELOG_HANDLE_SINCE", 99)
     fixture = next(f for f in BASES if f.name == "flink120-hashmap-p2")
-    for parallelism, rescaled, report in run_path(fixture, [1], tmp_path, LocalEngine()):
+    for parallelism, rescaled, _ in run_path(fixture, [1], tmp_path, LocalEngine()):
         keyed = [s.managed_keyed for op in rescaled.metadata.operators for s in op.subtasks if s.managed_keyed]
         assert keyed and all(type(h).__name__ == "KeyGroupsHandle" for h in keyed)
-        count = flink_env.restore_count(fixture.info["flink_version"], rescaled.uri, parallelism, backend="hashmap")
+        count = flink_env.restore_count(fixture.info["flink_version"], rescaled.checkpoint.uri, parallelism, backend="hashmap")
         assert count == fixture.info["source_records"]

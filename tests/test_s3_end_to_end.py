@@ -15,9 +15,7 @@ import boto3
 import pytest
 
 import flink_env
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES
-from test_record_scan import schema_for
+from catalog import ALL_FIXTURES
 
 BASE = next(f for f in ALL_FIXTURES if f.name == "flink23-rocksdb-p2")  # RocksDB: shared files too
 FAULTS = [(503, "SlowDown"), (500, "InternalError")]
@@ -98,20 +96,20 @@ def etags(client, prefix: str) -> dict[str, str]:
 
 
 def inputs():
-    return ["--plan", str(BASE.directory / "plan.json"), "--schema", schema_for(BASE)]
+    return ["--plan", BASE.plan, "--schema", BASE.schema]
 
 
 def local_form(text: str, uri: str) -> dict:
     return json.loads(text.replace(uri.rsplit("/", 2)[0], str(BASE.checkpoint.parent.parent)))
 
 
-def test_inspect_and_verify_from_s3_equal_local(capsys, s3):
+def test_inspect_and_verify_from_s3_equal_local(ckpt, s3):
     client, proxy, uri = s3
     before = etags(client, "in/")
     for command in (["inspect", "--engine", "local"], ["verify", "--engine", "local"]):
-        code, remote, err = run_ckpt(capsys, command[0], "--json", uri, *command[1:], *inputs())
+        code, remote, err = ckpt(command[0], "--json", uri, *command[1:], *inputs())
         assert code == 0, err
-        code, local, err = run_ckpt(capsys, command[0], "--json", str(BASE.checkpoint), *command[1:], *inputs())
+        code, local, err = ckpt(command[0], "--json", str(BASE.checkpoint), *command[1:], *inputs())
         assert code == 0, err
         remote = remote.replace(uri.rsplit("/", 2)[0], str(BASE.directory))
         assert json.loads(remote) == json.loads(local.replace(str(BASE.checkpoint), str(BASE.checkpoint)))
@@ -121,31 +119,34 @@ def test_inspect_and_verify_from_s3_equal_local(capsys, s3):
 
 def download(client, prefix: str, target: Path) -> Path:
     for key in etags(client, prefix):
-        path = target / key[len(prefix):]
+        path = target / key[len(prefix) :]
         path.parent.mkdir(parents=True, exist_ok=True)
         client.download_file("e2e", key, str(path))
     return target
 
 
 @pytest.mark.flink
-def test_rescale_and_repair_on_s3_restore_in_flink(capsys, s3, tmp_path):
-    client, proxy, uri = s3
+def test_rescale_and_repair_on_s3_restore_in_flink(ckpt, s3, spark, tmp_path):
+    client, _, uri = s3
     before = etags(client, "in/")
     rescaled = "s3://e2e/out-rescaled/job/" + BASE.checkpoint.name
-    code, out, err = run_ckpt(capsys, "rescale", uri, rescaled, "-p", "3", "--engine", "spark",
-                              "--spark-master", "local[2]", "--json", *inputs())
+    code, out, err = ckpt(
+        "rescale", uri, rescaled, "-p", "3", "--engine", "spark", "--spark-master", "local[2]", "--json", *inputs()
+    )
     assert code == 0, err
     report = json.loads(out)
-    code, local_out, err = run_ckpt(capsys, "rescale", str(BASE.checkpoint), str(tmp_path / "local" / "chk"), "-p", "3",
-                                    "--engine", "local", "--json", *inputs())
+    code, local_out, err = ckpt(
+        "rescale", str(BASE.checkpoint), str(tmp_path / "local" / "chk"), "-p", "3", "--engine", "local", "--json", *inputs()
+    )
     assert code == 0, err
     local_report = json.loads(local_out)
     assert report["exchanges"] == local_report["exchanges"] and report["inflation"] == 1.0
     repaired = "s3://e2e/out-repaired/job/" + BASE.checkpoint.name
-    code, out, err = run_ckpt(capsys, "repair", rescaled, repaired, "--engine", "local", "--json", *inputs())
+    code, out, err = ckpt("repair", rescaled, repaired, "--engine", "local", "--json", *inputs())
     assert code == 0, err
-    code, local_repair, err = run_ckpt(capsys, "repair", str(tmp_path / "local" / "chk"), str(tmp_path / "local-repaired"),
-                                       "--engine", "local", "--json", *inputs())
+    code, local_repair, err = ckpt(
+        "repair", str(tmp_path / "local" / "chk"), str(tmp_path / "local-repaired"), "--engine", "local", "--json", *inputs()
+    )
     assert code == 0, err
     assert json.loads(out)["exchanges"] == json.loads(local_repair)["exchanges"]
     assert etags(client, "in/") == before, "the input objects were changed"
@@ -156,24 +157,28 @@ def test_rescale_and_repair_on_s3_restore_in_flink(capsys, s3, tmp_path):
         assert count == BASE.info["source_records"], prefix
 
 
-def test_missing_object_is_a_clean_error(capsys, s3, tmp_path):
+def test_missing_object_is_a_clean_error(ckpt, s3, tmp_path):
     client, _, uri = s3
-    code, out, err = run_ckpt(capsys, "inspect", "s3://e2e/in/nothing/chk-1")
+    code, out, err = ckpt("inspect", "s3://e2e/in/nothing/chk-1")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "is not a checkpoint" in err
     # a checkpoint whose channel-state object is gone: clean error, nothing written
-    client.copy_object(Bucket="e2e", CopySource={"Bucket": "e2e", "Key": uri[len("s3://e2e/"):] + "/_metadata"},
-                       Key="broken/job/chk-3/_metadata")
-    code, _, err = run_ckpt(capsys, "rescale", "s3://e2e/broken/job/chk-3", "s3://e2e/broken-out/chk-3", "-p", "3",
-                            "--engine", "local", *inputs())
+    client.copy_object(
+        Bucket="e2e",
+        CopySource={"Bucket": "e2e", "Key": uri[len("s3://e2e/") :] + "/_metadata"},
+        Key="broken/job/chk-3/_metadata",
+    )
+    code, _, err = ckpt(
+        "rescale", "s3://e2e/broken/job/chk-3", "s3://e2e/broken-out/chk-3", "-p", "3", "--engine", "local", *inputs()
+    )
     assert code == 2 and "is missing" in err and "Traceback" not in err
     assert etags(client, "broken-out/") == {}
 
 
-def test_s3_endpoint_option(capsys, s3):
-    client, _, uri = s3
+def test_s3_endpoint_option(ckpt, s3):
+    _, _, uri = s3
     endpoint = os.environ.pop("AWS_ENDPOINT_URL")
     try:
-        code, out, err = run_ckpt(capsys, "--s3-endpoint", endpoint, "inspect", "--json", uri)
+        code, out, err = ckpt("--s3-endpoint", endpoint, "inspect", "--json", uri)
     finally:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         os.environ.pop("CKPT_S3_ENDPOINT", None)

@@ -6,8 +6,7 @@ import json
 
 import boto3
 
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES
+from catalog import ALL_FIXTURES
 
 
 def upload(endpoint: str, bucket: str, fixture, scheme: str = "s3") -> str:
@@ -20,19 +19,19 @@ def upload(endpoint: str, bucket: str, fixture, scheme: str = "s3") -> str:
     return f"{scheme}://{bucket}/{fixture.name}/{job_dir.name}/{fixture.checkpoint.name}"
 
 
-def test_inspect_from_s3_equals_local(capsys, s3_endpoint):
+def test_inspect_from_s3_equals_local(ckpt, s3_endpoint):
     for index, fixture in enumerate(ALL_FIXTURES):
         uri = upload(s3_endpoint, f"inspect-{index}", fixture, scheme="s3a" if index % 2 else "s3")
-        code, remote, err = run_ckpt(capsys, "inspect", "--json", uri)
+        code, remote, err = ckpt("inspect", "--json", uri)
         assert code == 0, err
-        code, local, err = run_ckpt(capsys, "inspect", "--json", str(fixture.checkpoint))
+        code, local, err = ckpt("inspect", "--json", str(fixture.checkpoint))
         # the same files, named by where they are
         local = local.replace(str(fixture.directory), f"s3://inspect-{index}/{fixture.name}")
         assert json.loads(remote) == json.loads(local)
 
 
-def test_missing_s3_checkpoint_is_a_clean_error(capsys, s3_endpoint):
+def test_missing_s3_checkpoint_is_a_clean_error(ckpt, s3_endpoint):
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="empty")
-    code, out, err = run_ckpt(capsys, "inspect", "s3://empty/nothing/chk-1")
+    code, out, err = ckpt("inspect", "s3://empty/nothing/chk-1")
     assert code == 2 and out == ""
     assert err.startswith("ckpt: error: s3://empty/nothing/chk-1 is not a checkpoint") and len(err.splitlines()) == 1

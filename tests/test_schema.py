@@ -6,12 +6,11 @@ import json
 
 import pytest
 
+from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.engine import LocalEngine
+from ckpt_tool.exchanges import scan_exchanges
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.inspect import exchanges_summary
-from ckpt_tool.records.schema import SchemaError, load_exchanges
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES, FIXTURES
+from ckpt_tool.records.schema import load_exchanges
 
 FIXTURE = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")
 MAIN = "5ff73b99d0669153bf2feac805d152ac"
@@ -26,19 +25,26 @@ def write(tmp_path, text: str) -> str:
 
 def summary(schema: str, plan: str | None = None) -> list[dict]:
     checkpoint = Checkpoint.open(str(FIXTURE.checkpoint))
-    return exchanges_summary(checkpoint, load_exchanges(checkpoint.metadata, schema, plan), LocalEngine())
+    return [e.as_dict() for e in scan_exchanges(checkpoint, load_exchanges(checkpoint.metadata, schema, plan), LocalEngine())]
 
 
 def test_plugin_gives_the_same_key_groups_as_the_typed_schema(tmp_path):
-    typed = summary(write(tmp_path, f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n'))
-    plugin = summary(write(tmp_path, f'[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\ndecoder = "key_plugins:tuple2_long_key"\n'))
+    typed = summary(
+        write(tmp_path, f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n')
+    )
+    plugin = summary(
+        write(
+            tmp_path, '[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\ndecoder = "key_plugins:tuple2_long_key"\n'
+        )
+    )
     for key in ("records", "key_group_histogram", "misplaced_records", "duplicate_records"):
         assert plugin[0][key] == typed[0][key]
     assert typed[0]["records"] > 0
 
 
 def test_plan_alone_counts_records_without_keys():
-    [main, small, rebalance] = sorted(summary(None, str(FIXTURE.directory / "plan.json")), key=lambda e: (e["downstream"], e["gate"]))
+    exchanges = summary(None, str(FIXTURE.directory / "plan.json"))
+    [main, _, _] = sorted(exchanges, key=lambda e: (e["downstream"], e["gate"]))
     assert main["upstream"] == MAIN and main["partitioner"] == "HASH" and main["records"] > 0
     assert main["key_group_histogram"] is None and main["misplaced_records"] is None
 
@@ -54,16 +60,21 @@ def test_plan_alone_counts_records_without_keys():
         ('[[exchange]]\ndownstream = "slow-count"\ndecoder = "no_such_module:f"\n', "cannot load decoder"),
     ],
 )
-def test_schema_errors_are_clean(capsys, tmp_path, text, message):
-    code, out, err = run_ckpt(capsys, "inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, text))
+def test_schema_errors_are_clean(ckpt, tmp_path, text, message):
+    code, out, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, text))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert message in err
 
 
-def test_inspect_with_schema_json(capsys):
-    code, out, err = run_ckpt(
-        capsys, "inspect", "--json", str(FIXTURE.checkpoint),
-        "--schema", str(FIXTURES / "countjob.schema.toml"), "--plan", str(FIXTURE.directory / "plan.json"),
+def test_inspect_with_schema_json(ckpt):
+    code, out, err = ckpt(
+        "inspect",
+        "--json",
+        str(FIXTURE.checkpoint),
+        "--schema",
+        str(FIXTURES / "countjob.schema.toml"),
+        "--plan",
+        str(FIXTURE.directory / "plan.json"),
     )
     assert code == 0, err
     result = json.loads(out)
@@ -72,6 +83,6 @@ def test_inspect_with_schema_json(capsys):
     assert keyed and all(e["misplaced_records"] == 0 and e["duplicate_records"] == 0 for e in keyed)
 
 
-def test_inspect_with_schema_tables(capsys):
-    code, out, _ = run_ckpt(capsys, "inspect", str(FIXTURE.checkpoint), "--schema", str(FIXTURES / "countjob.schema.toml"))
+def test_inspect_with_schema_tables(ckpt):
+    code, out, _ = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", str(FIXTURES / "countjob.schema.toml"))
     assert code == 0 and "Key-group histogram" in out and "misplaced 0, duplicates 0" in out

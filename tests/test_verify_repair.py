@@ -9,12 +9,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import flink_env
+from catalog import ALL_FIXTURES
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.writer import write_checkpoint
-from cli_util import run_ckpt
-from conftest import ALL_FIXTURES, FIXTURES
-from test_record_scan import schema_for
 
 BASE = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")
 NAIVE = next(f for f in ALL_FIXTURES if f.info.get("naive_rescale"))
@@ -22,7 +20,7 @@ SLOW = "0a6c3d247193df04622ad9b3b66741a5"
 
 
 def inputs(fixture):
-    return ["--plan", str(fixture.directory / "plan.json"), "--schema", schema_for(fixture)]
+    return ["--plan", fixture.plan, "--schema", fixture.schema]
 
 
 def swapped_checkpoint(tmp_path):
@@ -47,54 +45,64 @@ def swapped_checkpoint(tmp_path):
     return destination
 
 
-def verify_json(capsys, checkpoint, fixture, *extra):
-    code, out, err = run_ckpt(capsys, "verify", str(checkpoint), "--json", "--engine", "local", *inputs(fixture), *extra)
+def verify_json(ckpt, checkpoint, fixture, *extra):
+    code, out, err = ckpt("verify", str(checkpoint), "--json", "--engine", "local", *inputs(fixture), *extra)
     return code, json.loads(out) if out else None, err
 
 
-def test_real_fixtures_are_sound(capsys, captured, tmp_path):
+def test_real_fixtures_are_sound(ckpt, captured, tmp_path):
     fixture = captured
     junit = tmp_path / "verify.xml"
-    code, report, err = verify_json(capsys, fixture.checkpoint, fixture, "--junit", str(junit))
+    code, report, err = verify_json(ckpt, fixture.checkpoint, fixture, "--junit", str(junit))
     assert code == 0, err
     assert report["status"] == "sound" and not report["problems"]
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "0" and len(suite.findall("testcase")) == len(report["checks"])
 
 
-def test_metadata_only_verify_and_target_parallelism(capsys):
-    code, out, _ = run_ckpt(capsys, "verify", str(BASE.checkpoint), "--target-parallelism", "200")
+def test_metadata_only_verify_and_target_parallelism(ckpt):
+    code, out, _ = ckpt("verify", str(BASE.checkpoint), "--target-parallelism", "200")
     assert code == 1 and "above its max parallelism 128" in out
-    code, out, _ = run_ckpt(capsys, "verify", str(BASE.checkpoint), "--target-parallelism", "3", *inputs(BASE))
+    code, out, _ = ckpt("verify", str(BASE.checkpoint), "--target-parallelism", "3", *inputs(BASE))
     assert code == 0 and "status: sound" in out
 
 
 @pytest.mark.flink
-def test_misplaced_records_are_found_and_repaired(capsys, tmp_path):
+def test_misplaced_records_are_found_and_repaired(ckpt, tmp_path):
     swapped = swapped_checkpoint(tmp_path)
-    code, report, _ = verify_json(capsys, swapped, BASE, "--junit", str(tmp_path / "bad.xml"))
+    code, report, _ = verify_json(ckpt, swapped, BASE, "--junit", str(tmp_path / "bad.xml"))
     keyed = next(o for o in BASE.expected["keyed_operators"] if o["operator"] == SLOW)
     assert code == 1 and report["status"] == "problems"
     misplaced = sum(p["count"] for p in report["problems"] if p["check"] == "key-groups")
     assert misplaced == keyed["records"]
-    assert all(p["operator"] == "slow-count" and p["subtask"] is not None for p in report["problems"] if p["check"] == "key-groups")
+    placement = [p for p in report["problems"] if p["check"] == "key-groups"]
+    assert all(p["operator"] == "slow-count" and p["subtask"] is not None for p in placement)
     assert ET.parse(tmp_path / "bad.xml").getroot().get("failures") == "1"
 
     repaired = tmp_path / "repaired" / "job" / BASE.checkpoint.name
-    code, out, err = run_ckpt(capsys, "repair", str(swapped), str(repaired), "--engine", "local", "--json", *inputs(BASE))
+    code, out, err = ckpt("repair", str(swapped), str(repaired), "--engine", "local", "--json", *inputs(BASE))
     assert code == 0, err
     assert json.loads(out)["records_out"] == keyed["records"]
-    code, report, _ = verify_json(capsys, repaired, BASE)
+    code, report, _ = verify_json(ckpt, repaired, BASE)
     assert code == 0 and report["status"] == "sound"
     # the real proof: Flink restores the repaired checkpoint with the exact count
     assert flink_env.restore_count("2.3.0", repaired, 2, backend="hashmap") == BASE.info["source_records"]
 
 
 @pytest.mark.flink
-def test_drop_in_flight_drops_exactly_what_it_reports(capsys, tmp_path):
+def test_drop_in_flight_drops_exactly_what_it_reports(ckpt, tmp_path):
     destination = tmp_path / "dropped" / "job" / BASE.checkpoint.name
-    code, out, err = run_ckpt(capsys, "repair", str(BASE.checkpoint), str(destination), "--engine", "local", "--json",
-                              "--drop-in-flight", "slow-count", *inputs(BASE))
+    code, out, err = ckpt(
+        "repair",
+        str(BASE.checkpoint),
+        str(destination),
+        "--engine",
+        "local",
+        "--json",
+        "--drop-in-flight",
+        "slow-count",
+        *inputs(BASE),
+    )
     assert code == 0, err
     dropped = sum(d["records"] for d in json.loads(out)["dropped"])
     keyed = next(o for o in BASE.expected["keyed_operators"] if o["operator"] == SLOW)
@@ -106,21 +114,20 @@ def test_drop_in_flight_drops_exactly_what_it_reports(capsys, tmp_path):
 
 
 @pytest.mark.flink
-def test_naive_rescale_replicas_found_and_repaired(capsys, tmp_path):
+def test_naive_rescale_replicas_found_and_repaired(ckpt, tmp_path):
     keyed = next(o for o in NAIVE.expected["keyed_operators"] if o["operator"] == SLOW)
     assert keyed["duplicate_records"] > 0
     # real Flink refuses to process it: a copied record outside its subtask's key groups fails the task
     with pytest.raises(RuntimeError, match="is not in KeyGroupRange"):
         flink_env.restore_count("2.3.0", NAIVE.checkpoint, 2, backend="hashmap", timeout=300)
-    code, report, _ = verify_json(capsys, NAIVE.checkpoint, NAIVE)
+    code, report, _ = verify_json(ckpt, NAIVE.checkpoint, NAIVE)
     assert code == 1
     replicas = sum(p["count"] for p in report["problems"] if p["check"] == "record-replicas")
     assert replicas == keyed["duplicate_records"]
     repaired = tmp_path / "repaired" / "job" / NAIVE.checkpoint.name
-    code, out, err = run_ckpt(capsys, "repair", str(NAIVE.checkpoint), str(repaired), "--engine", "local", "--json",
-                              *inputs(NAIVE))
+    code, out, err = ckpt("repair", str(NAIVE.checkpoint), str(repaired), "--engine", "local", "--json", *inputs(NAIVE))
     assert code == 0, err
     assert json.loads(out)["replicas_removed"] == keyed["duplicate_records"]
-    code, report, _ = verify_json(capsys, repaired, NAIVE)
+    code, report, _ = verify_json(ckpt, repaired, NAIVE)
     assert code == 0, report["problems"]
     assert flink_env.restore_count("2.3.0", repaired, 2, backend="hashmap") == NAIVE.info["source_records"]

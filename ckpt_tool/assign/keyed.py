@@ -21,7 +21,13 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.metadata import CHANGELOG_V2
-from ckpt_tool.flink.model import ChangelogBackendHandle, IncrementalKeyedHandle, KeyGroupsHandle, RelativeFileHandle
+from ckpt_tool.flink.model import (
+    ChangelogBackendHandle,
+    IncrementalKeyedHandle,
+    KeyedHandle,
+    KeyGroupsHandle,
+    RelativeFileHandle,
+)
 from ckpt_tool.records.keys import key_group_range
 
 
@@ -48,7 +54,7 @@ def _intersection(handle, wanted: range):
         high = min(wanted.stop, handle.start_key_group + len(handle.offsets))
         if low >= high:
             return None
-        offsets = handle.offsets[low - handle.start_key_group:high - handle.start_key_group]
+        offsets = handle.offsets[low - handle.start_key_group : high - handle.start_key_group]
         return KeyGroupsHandle(handle.tag, low, offsets, handle.delegate, handle.handle_id)
     own = handle.key_groups
     return handle if max(own.start, wanted.start) < min(own.stop, wanted.stop) else None
@@ -74,7 +80,7 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
         headers.add(data[: ends[0]])
         for group in groups:
             start = handle.offsets[group - handle.start_key_group]
-            blocks[group] = data[start:ends[ends.index(start) + 1]]
+            blocks[group] = data[start : ends[ends.index(start) + 1]]
     if len(headers) != 1:
         raise KeyedStateError("old subtasks' keyed state files describe their states differently")
     merged = bytearray(headers.pop())
@@ -87,7 +93,7 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
 
 def reassign_keyed(
     old_handles: list, max_parallelism: int, new_parallelism: int, checkpoint_id: int, merge=None
-) -> list[Optional[object]]:
+) -> list[Optional[KeyedHandle]]:
     """One keyed handle (or None) per new subtask, from the old subtasks' handles.
 
     ``merge(parts, wanted, index)``, where given, combines several key-groups handles instead of a
@@ -111,9 +117,11 @@ def reassign_keyed(
                     "RocksDB state of several old subtasks cannot be combined; choose a parallelism where each "
                     "new subtask's key groups come from one old subtask"
                 )
-            originals = [(p, range(max(wanted.start, p.start_key_group),
-                                   min(wanted.stop, p.start_key_group + len(p.offsets)))) for p in pieces
-                         if isinstance(p, KeyGroupsHandle)]
+            originals = [
+                (p, range(max(wanted.start, p.start_key_group), min(wanted.stop, p.start_key_group + len(p.offsets))))
+                for p in pieces
+                if isinstance(p, KeyGroupsHandle)
+            ]
             result.append(merge([(p, r) for p, r in originals if len(r)], wanted, index))
             continue
         result.append(

@@ -31,7 +31,7 @@ def _split(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, l
     ends = sorted({o for s in handle.states for o in s.offsets} | {len(data)})
     following = {start: end for start, end in zip(ends, ends[1:])}
     header = data[: ends[0]] if len(ends) > 1 else data
-    return header, {s.name: [data[o:following[o]] for o in s.offsets] for s in handle.states}
+    return header, {s.name: [data[o : following[o]] for o in s.offsets] for s in handle.states}
 
 
 def reassign_operator_state(
@@ -43,7 +43,9 @@ def reassign_operator_state(
         return [None] * new_parallelism, {}
     if any(h.tag != 4 for h in old):
         raise OperatorStateError("file-merging operator state cannot be reassigned offline")
-    headers, elements, modes = set(), [], {}
+    headers: set[bytes] = set()
+    elements: list[dict[str, list[bytes]]] = []
+    modes: dict[str, int] = {}
     for handle in old:
         header, by_name = _split(checkpoint.handle_bytes(handle.delegate), handle)
         headers.add(header)
@@ -61,7 +63,7 @@ def reassign_operator_state(
             start = 0
             for index in range(new_parallelism):
                 count = base + (1 if index < extra else 0)
-                per_subtask[index][name] = items[start:start + count]
+                per_subtask[index][name] = items[start : start + count]
                 start += count
         elif mode == UNION:
             items = [e for by_name in elements for e in by_name.get(name, [])]
@@ -72,7 +74,8 @@ def reassign_operator_state(
                 target[name] = list(elements[index % len(elements)].get(name, []))
         else:
             raise OperatorStateError(f"unknown distribution mode {mode} of operator state {name!r}")
-    new_handles, files = [], {}
+    new_handles: list[Optional[OperatorStateHandle]] = []
+    files: dict[str, bytes] = {}
     for index, by_name in enumerate(per_subtask):
         data = bytearray(header)
         states = []
@@ -82,6 +85,7 @@ def reassign_operator_state(
                 offsets.append(len(data))
                 data += item
             states.append(OperatorStateInfo(name, modes[name], offsets))
+        delegate: ByteStreamHandle | RelativeFileHandle
         if len(data) <= INLINE_LIMIT:
             delegate = ByteStreamHandle(f"{file_prefix}-{index}", bytes(data))
         else:

@@ -1,4 +1,5 @@
-"""Entry point of the ``ckpt`` command.
+"""Entry point of the ``ckpt`` command: each command parses its options, runs one operation in a
+session and renders the result.
 
 Exit codes: 0 success; 1 problems found (verify); 2 unusable input or usage error;
 3 internal error (a bug: run again with --verbose for the traceback).
@@ -6,6 +7,7 @@ Exit codes: 0 success; 1 problems found (verify); 2 unusable input or usage erro
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -27,8 +29,6 @@ def cli(verbose: bool, s3_endpoint: str | None) -> None:
     S3 access uses boto3's default credential chain, AWS_PROFILE and region settings.
     """
     if s3_endpoint:
-        import os
-
         os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint  # read by the S3 storage, also on Spark executors
 
 
@@ -42,53 +42,6 @@ def parse_conf(pairs: tuple[str, ...]) -> dict[str, str]:
     return conf
 
 
-@cli.command()
-@click.argument("checkpoint")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
-@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
-@click.option("--engine", type=click.Choice(["auto", "local", "spark"]), default="auto", show_default=True,
-              help="Where records are scanned: in-process, on Spark, or Spark for large checkpoints.")
-@click.option("--spark-master", help="Spark master URL (default local[*]).")
-@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
-def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> None:
-    """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
-
-    With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
-    histogram, misplaced records (outside the holding subtask's key groups) and duplicates.
-    """
-    from ckpt_tool.engine import engine_for
-    from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.inspect import channel_state_bytes, summarize
-    from ckpt_tool.records.schema import load_exchanges
-
-    opened = Checkpoint.open(checkpoint)
-    opened.require_files()
-    exchanges = runner = None
-    if schema or plan:
-        exchanges = load_exchanges(opened.metadata, schema, plan)
-        runner = engine_for(engine, channel_state_bytes(opened), spark_master, parse_conf(conf))
-    with progress_bar("scanning in-flight records", enabled=exchanges is not None and not as_json) as progress:
-        summary = summarize(opened, exchanges, runner, progress)
-    output_for(as_json).inspect(summary)
-
-
-def make_engine(engine: str, master: str, conf: tuple[str, ...]):
-    """The engine for rescale and repair; Spark starts in the background right away."""
-    from ckpt_tool.engine import LocalEngine, SparkEngine
-
-    if engine != "spark":
-        return LocalEngine()
-    spark = SparkEngine(master, parse_conf(conf))
-    spark.start()
-    return spark
-
-
-def stop_engine(engine) -> None:
-    if hasattr(engine, "stop"):
-        engine.stop()
-
-
 def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
     overrides = {}
     for pair in pairs:
@@ -99,18 +52,68 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
     return overrides
 
 
+def session_options(default_engine: str):
+    """The options every command that reads records shares: inputs and the engine."""
+
+    def decorate(command):
+        for option in reversed(
+            [
+                click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
+                click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
+                click.option(
+                    "--engine",
+                    type=click.Choice(["auto", "local", "spark"]),
+                    default=default_engine,
+                    show_default=True,
+                    help="Where the record path runs: in-process, on Spark, or chosen by size.",
+                ),
+                click.option("--spark-master", help="Spark master URL (default local[*])."),
+                click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=True):
+    from ckpt_tool.session import Session
+
+    return Session.open(checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files)
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@session_options("auto")
+def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> None:
+    """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
+
+    With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
+    histogram, misplaced records (outside the holding subtask's key groups) and duplicates.
+    """
+    from ckpt_tool.ops.inspect import inspect as run_inspect
+
+    with open_session(checkpoint, schema, plan, engine, spark_master, conf) as session:
+        scanning = session.exchanges is not None
+        with progress_bar("scanning in-flight records", enabled=scanning and not as_json) as session.progress:
+            report = run_inspect(session)
+    output_for(as_json).inspect(report)
+
+
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
 @click.option("-p", "--parallelism", type=click.IntRange(min=1), help="New parallelism of the job's operators.")
-@click.option("--operator", "operators", multiple=True, metavar="OPERATOR=N",
-              help="New parallelism of one operator (uid, name or id), repeatable.")
-@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
-@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
-@click.option("--engine", type=click.Choice(["spark", "local"]), default="spark", show_default=True,
-              help="Where the record path runs.")
-@click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL.")
-@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
+@click.option(
+    "--operator",
+    "operators",
+    multiple=True,
+    metavar="OPERATOR=N",
+    help="New parallelism of one operator (uid, name or id), repeatable.",
+)
+@session_options("spark")
 @click.option("--dry-run", is_flag=True, help="Print the plan and what would be moved; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json) -> None:
@@ -120,93 +123,63 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     state are reassigned as Flink would. SRC and DST are directories or s3:// URIs; DST must
     not hold a checkpoint yet.
     """
-    from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.records.schema import load_exchanges
-    from ckpt_tool.rescale import plan_rescale
-    from ckpt_tool.rescale import rescale as run_rescale
-    from ckpt_tool.writer import check_destination
+    from ckpt_tool.ops.rescale import rescale as run_rescale
 
     if not parallelism and not operators:
         raise click.UsageError("give --parallelism N or at least one --operator OPERATOR=N")
-    source = Checkpoint.open(src)
-    source.require_files()
-    exchanges = load_exchanges(source.metadata, schema, plan)
-    rescale_plan = plan_rescale(source.metadata, parallelism, parse_overrides(operators), exchanges)
-    check_destination(dst)  # before Spark starts: a refusal should be quick
-    runner = make_engine(engine, spark_master, conf)
-    try:
-        with progress_bar("rescaling", enabled=not as_json) as progress:
-            report = run_rescale(source, dst, rescale_plan, runner, dry_run=dry_run, progress=progress)
-    finally:
-        stop_engine(runner)
-    output_for(as_json).rescale(report.as_dict())
+    overrides = parse_overrides(operators)
+    with open_session(src, schema, plan, engine, spark_master, conf) as session:
+        with progress_bar("rescaling", enabled=not as_json) as session.progress:
+            report = run_rescale(session, dst, parallelism, overrides, dry_run)
+    output_for(as_json).rescale(report)
 
 
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
-@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
-@click.option("--drop-in-flight", "drop", multiple=True, metavar="OPERATOR",
-              help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable.")
-@click.option("--engine", type=click.Choice(["spark", "local"]), default="spark", show_default=True)
-@click.option("--spark-master", default="local[*]", show_default=True, help="Spark master URL.")
-@click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable.")
+@click.option(
+    "--drop-in-flight",
+    "drop",
+    multiple=True,
+    metavar="OPERATOR",
+    help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable.",
+)
+@session_options("spark")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def repair(src, dst, schema, plan, drop, engine, spark_master, conf, as_json) -> None:
+def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) -> None:
     """Write to DST a repaired copy of checkpoint SRC.
 
     Every subtask keeps only its own key groups' in-flight records, each once (replicas left by a
     naive rescale are removed, misplaced records move to their owner); --drop-in-flight removes
     the in-flight data of the named operators only, reporting exactly what is dropped.
     """
-    from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.records.schema import load_exchanges
-    from ckpt_tool.rescale import plan_repair
-    from ckpt_tool.rescale import rescale as run_rescale
-    from ckpt_tool.writer import check_destination
+    from ckpt_tool.ops.repair import repair as run_repair
 
     if not (schema or plan):
         raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
-    source = Checkpoint.open(src)
-    source.require_files()
-    repair_plan = plan_repair(source.metadata, load_exchanges(source.metadata, schema, plan), list(drop))
-    check_destination(dst)  # before Spark starts: a refusal should be quick
-    runner = make_engine(engine, spark_master, conf)
-    try:
-        with progress_bar("repairing", enabled=not as_json) as progress:
-            report = run_rescale(source, dst, repair_plan, runner, progress=progress)
-    finally:
-        stop_engine(runner)
-    output_for(as_json).rescale(report.as_dict())
+    with open_session(src, schema, plan, engine, spark_master, conf) as session:
+        with progress_bar("repairing", enabled=not as_json) as session.progress:
+            report = run_repair(session, dst, list(drop))
+    output_for(as_json).rescale(report)
 
 
 @cli.command()
 @click.argument("checkpoint")
-@click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange.")
-@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
 @click.option("--target-parallelism", type=click.IntRange(min=1), help="Also check that a rescale to N is possible.")
-@click.option("--engine", type=click.Choice(["auto", "local", "spark"]), default="auto", show_default=True)
-@click.option("--spark-master", help="Spark master URL (default local[*]).")
+@session_options("auto")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--junit", type=click.Path(dir_okay=False, writable=True), help="Also write the report as JUnit XML.")
-def verify(checkpoint, schema, plan, target_parallelism, engine, spark_master, as_json, junit) -> None:
+def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, conf, as_json, junit) -> None:
     """Check that CHECKPOINT is sound. Exit code 0 sound, 1 problems found, 2 unusable."""
-    from ckpt_tool.engine import engine_for
-    from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.inspect import channel_state_bytes
-    from ckpt_tool.records.schema import load_exchanges
-    from ckpt_tool.verify import PROBLEMS, UNUSABLE, junit_xml
-    from ckpt_tool.verify import verify as run_verify
+    from ckpt_tool.ops.verify import PROBLEMS, UNUSABLE, junit_xml
+    from ckpt_tool.ops.verify import verify as run_verify
 
-    opened = Checkpoint.open(checkpoint)
-    exchanges = load_exchanges(opened.metadata, schema, plan) if (schema or plan) else None
-    runner = engine_for(engine, channel_state_bytes(opened), spark_master) if exchanges is not None else None
-    report = run_verify(opened, exchanges, runner, target_parallelism)
+    with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
+        report = run_verify(session, target_parallelism)
     if junit:
         with open(junit, "w") as f:
             f.write(junit_xml(report))
-    output_for(as_json).verify(report.as_dict())
+    output_for(as_json).verify(report)
     sys.exit({PROBLEMS: EXIT_PROBLEMS, UNUSABLE: EXIT_UNUSABLE_INPUT}.get(report.status, 0))
 
 

@@ -1,80 +1,111 @@
 """Where record work runs: in this process, or on Spark (PySpark).
 
-Both engines run the same functions (``scan_channel`` per logical channel, ``route_task`` per
-new channel) on the same plain-data tasks and return the same results; only the distribution
-differs. On Spark the executors read, route and write; the driver sees only counters and the
-offsets of the files written. Routing needs no shuffle (see ckpt_tool.records.route).
+Both engines apply the same task functions (ckpt_tool.engine.tasks) to the same plain-data tasks
+and return the same results; only the distribution differs. On Spark the executors read, route
+and write; the driver sees only counters and the offsets of the files written.
+
+An error a task raises on purpose (a ``CkptError``: a corrupt channel, an unreadable file, a full
+disk) travels back as a value and is raised again on the driver, so that every engine reports
+it with the same one-line message and exit code.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
-from ckpt_tool.records.route import RouteSpec, RouteTask, route_task
-from ckpt_tool.records.scan import ChannelTask, scan_channel, suspect_key_groups
-from ckpt_tool.records.schema import Exchange
+from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 
 Progress = Optional[Callable[[int, int], None]]
-LOCAL_SCAN_LIMIT_BYTES = 256 * 1024 * 1024  # "auto" scans more in-flight data than this on Spark
-
-# (exchange index, upstream subtask, digest) -> old downstream subtasks holding that record,
-# where there are several
-Holders = dict[tuple[int, int, bytes], set[int]]
-
-
-def inflight_file_name(downstream_id: str, gate: int, channel: int) -> str:
-    return f"ckpt-inflight-{downstream_id}-{gate}-{channel}"
-
+LOCAL_LIMIT_BYTES = 256 * 1024 * 1024  # "auto" runs more in-flight data than this on Spark
 
 # What executors need to reach S3 with boto3 as the driver does (no Hadoop S3 jars involved).
 S3_ENVIRONMENT = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
-    "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE", "CKPT_S3_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "CKPT_S3_ENDPOINT",
 )
 
 
-def executor_environment() -> dict[str, str]:
-    """``spark.executorEnv.*`` settings carrying the driver's S3 credentials and endpoint."""
-    import os
+class EngineError(CkptError):
+    """Spark itself failed (not a task's own error)."""
 
-    return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
+    exit_code = EXIT_INTERNAL
 
 
-class _Engine:
-    """scan and route, written once over ``_map`` (apply a function to every task)."""
+@dataclass
+class TaskError:
+    """A CkptError raised by a task, as plain data (it crosses process boundaries)."""
 
-    def _map(self, function, items: list, progress: Progress, one_per_partition: bool = False) -> list:
+    module: str
+    name: str
+    message: str
+    exit_code: int
+
+    def reraise(self):
+        try:
+            error_type = getattr(importlib.import_module(self.module), self.name)
+            error = error_type(self.message)
+        except Exception:  # an error class that cannot be rebuilt keeps its message and code
+            error = CkptError(self.message)
+        error.exit_code = self.exit_code
+        raise error
+
+
+class _Guarded:
+    """A task function whose CkptErrors come back as TaskError values. Picklable."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, item):
+        try:
+            return self.function(item)
+        except CkptError as exc:
+            return TaskError(type(exc).__module__, type(exc).__name__, str(exc), exc.exit_code)
+
+
+def _raise_task_errors(results: list) -> list:
+    for result in results:
+        if isinstance(result, TaskError):
+            result.reraise()
+    return results
+
+
+class Engine:
+    """Applies a function to every task; ``map`` raises the first task's error, if any."""
+
+    name = "engine"
+
+    def map(self, function, items: list, progress: Progress = None, one_per_partition: bool = False) -> list:
+        return _raise_task_errors(self._map(_Guarded(function), items, progress, one_per_partition))
+
+    def _map(self, function, items: list, progress: Progress, one_per_partition: bool) -> list:
         raise NotImplementedError
 
-    def scan(self, tasks: list[ChannelTask], exchanges: list[Exchange], progress: Progress = None):
-        """Channel figures and, per exchange and upstream subtask, the records held by several
-        downstream subtasks. Digests are computed only in a second pass over the channels of
-        key groups that several downstream subtasks hold; a healthy checkpoint needs none."""
-        stats = self._map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress)
-        suspects = suspect_key_groups(
-            ((s.exchange_index, s.upstream_subtask), s.downstream_subtask, s.key_groups) for s in stats
-        )
-        again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
-        holders: Holders = {}
-        for s in self._map(
-            lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
-            again, None,
-        ):
-            for digest in s.digests:
-                holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)
-        return stats, {k: v for k, v in holders.items() if len(v) > 1}
+    def start(self) -> None:
+        """Get ready in the background (Spark's start-up); a no-op where there is nothing to start."""
 
-    def route(self, tasks: list[RouteTask], specs: list[RouteSpec], dst: str, progress: Progress = None):
-        """Route every new channel's records and write its file; the RoutedFile of each."""
-        return self._map(lambda task: route_task(task, specs[task.exchange_index], dst), tasks, progress, True)
+    def stop(self) -> None:
+        """Release what the engine holds."""
 
 
-class LocalEngine(_Engine):
+class LocalEngine(Engine):
     name = "local"
 
-    def _map(self, function, items, progress, one_per_partition=False):
+    def _map(self, function, items, progress, one_per_partition):
         results = []
         for done, item in enumerate(items, start=1):
             results.append(function(item))
@@ -88,7 +119,12 @@ class LocalEngine(_Engine):
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-class SparkEngine(_Engine):
+def executor_environment() -> dict[str, str]:
+    """``spark.executorEnv.*`` settings carrying the driver's S3 credentials and endpoint."""
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
+
+
+class SparkEngine(Engine):
     """PySpark, ``local[*]`` by default or a cluster given by ``master``."""
 
     name = "spark"
@@ -97,6 +133,7 @@ class SparkEngine(_Engine):
         self.master = master
         self.conf = {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS, **(conf or {})}
         self._session = None
+        self._owned = True  # False when Spark was already running in this process: left running
         self._starting: Optional[Future] = None
 
     def start(self) -> None:
@@ -109,6 +146,7 @@ class SparkEngine(_Engine):
     def _create_session(self):
         from pyspark.sql import SparkSession
 
+        self._owned = SparkSession.getActiveSession() is None
         builder = SparkSession.builder.master(self.master).appName("ckpt")
         builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
         for key, value in {**executor_environment(), **self.conf}.items():
@@ -119,42 +157,48 @@ class SparkEngine(_Engine):
 
     @property
     def context(self):
-        if self._session is None:
+        session = self._session
+        if session is None:
             starting, self._starting = self._starting, None
-            self._session = starting.result() if starting else self._create_session()
-        return self._session.sparkContext
+            session = self._session = starting.result() if starting else self._create_session()
+        return session.sparkContext
 
     def stop(self) -> None:
         if self._starting is not None:
             try:
-                self.context
+                _ = self.context  # wait for the start under way
             except Exception:  # a start that failed has nothing to stop
                 return
         if self._session is not None:
-            self._session.stop()
+            if self._owned:
+                self._session.stop()
             self._session = None
 
-    def _map(self, function, items, progress, one_per_partition=False):
+    def _map(self, function, items, progress, one_per_partition):
         if not items:
             return []
         sc = self.context
         slices = len(items) if one_per_partition else min(len(items), max(2, sc.defaultParallelism * 4))
-        results = sc.parallelize(items, slices).map(function).collect()
+        try:
+            results = sc.parallelize(items, slices).map(function).collect()
+        except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
+            raise EngineError(f"Spark failed: {_last_line(exc)}") from exc
         if progress:
             progress(len(items), len(items))
         return results
 
 
-def duplicates_per_exchange(holders: Holders) -> dict[int, int]:
-    """Record copies beyond the first, per exchange."""
-    counts: dict[int, int] = {}
-    for (exchange_index, _, _), subtasks in holders.items():
-        counts[exchange_index] = counts.get(exchange_index, 0) + len(subtasks) - 1
-    return counts
+def _last_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
-def engine_for(choice: str, data_bytes: int, master: Optional[str] = None, conf: Optional[dict] = None):
-    """``local`` or ``spark`` as asked; ``auto`` is Spark for large data or when a master is given."""
-    if choice == "spark" or (choice == "auto" and (master or data_bytes > LOCAL_SCAN_LIMIT_BYTES)):
+ENGINES = ("auto", "local", "spark")
+
+
+def make_engine(choice: str, data_bytes: int, master: Optional[str] = None, conf: Optional[dict] = None) -> Engine:
+    """``local`` or ``spark`` as asked; ``auto`` is Spark for more than LOCAL_LIMIT_BYTES of
+    in-flight data or when a master is given, else in-process."""
+    if choice == "spark" or (choice == "auto" and (master or data_bytes > LOCAL_LIMIT_BYTES)):
         return SparkEngine(master or "local[*]", conf)
     return LocalEngine()

@@ -1,74 +1,266 @@
-"""Channel-state files (in-flight network buffers) and logical channels.
+"""Channel-state files (in-flight network buffers): the one reader, the one writer, and logical channels.
 
 A channel-state file, as ``ChannelStateSerializerImpl`` writes it, is an int version (0) followed
 by buffers, each an int length and that many bytes. A channel handle lists the offsets of its
-buffers' length fields. Several channels, and with
+buffers' length fields, in the order they were written. Several channels, and with
 ``execution.checkpointing.unaligned.max-subtasks-per-channel-state-file`` several subtasks, share
 one file.
 
 A logical channel upstream subtask u -> downstream subtask d is the input state of d for
-(gate, channel u) followed by the output state of u for (partition, subpartition d). Records
-run across the boundary: the output side often starts with the tail of a record whose head ends
-the input side, so the two are stitched before records are split.
+(gate, channel) followed by the output state of u for (partition, subpartition). Records run
+across the boundary: the output side often starts with the tail of a record whose head ends the
+input side, so the two are stitched before records are split. Which input channel and which
+subpartition connect u and d depends on the edge's distribution pattern (see
+:func:`pointwise_channels`).
+
+Everything here reads and writes through ``FileIO``: local files are memory-mapped and read
+buffer by buffer, object stores are read with ranged GETs. Sizes come from the bytes that are
+really there, never from the metadata alone.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
 
 from ckpt_tool.errors import CheckpointFormatError
-from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState
+from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
+from ckpt_tool.records import _framing
+from ckpt_tool.storage import FileIO, io_for
+from ckpt_tool.storage.base import is_s3
+
+if TYPE_CHECKING:
+    from ckpt_tool.flink.checkpoint import Checkpoint
 
 SERIALIZATION_VERSION = 0
 HEADER = struct.pack(">i", SERIALIZATION_VERSION)
+BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
 
 
-def read_buffers(checkpoint: Checkpoint, handle: ChannelStateHandle) -> list[bytes]:
-    """The payloads of a channel handle's buffers, in order."""
-    where = checkpoint.location(handle.delegate) or "inline channel state"
-    return split_buffers(checkpoint.handle_bytes(handle.delegate), handle.offsets, where)
+# --- reading ----------------------------------------------------------------------------------
 
 
-def split_buffers(data: bytes, offsets: list[int], where: str) -> list[bytes]:
-    """Cut a channel-state file's bytes into the buffers at ``offsets``."""
-    if len(data) < len(HEADER) or data[: len(HEADER)] != HEADER:
-        raise CheckpointFormatError(f"{where}: not a channel-state file (bad header)")
-    buffers = []
-    for offset in offsets:
-        if offset < len(HEADER) or offset + 4 > len(data):
-            raise CheckpointFormatError(f"{where}: buffer offset {offset} is outside the file ({len(data)} bytes)")
-        (length,) = _LENGTH.unpack_from(data, offset)
-        end = offset + 4 + length
-        if length < 0 or end > len(data):
-            raise CheckpointFormatError(
-                f"{where}: buffer at offset {offset} of length {length} runs past the end ({len(data)} bytes)"
-            )
-        buffers.append(data[offset + 4:end])
-    return buffers
+@dataclass
+class BufferSource:
+    """Where one channel handle's buffers are: a file (or a segment of one) or inline bytes, and
+    the offsets of their length fields. Plain data, so that a task can carry it to a worker."""
+
+    location: Optional[str]
+    inline: Optional[bytes]
+    segment: Optional[tuple[int, int]]
+    offsets: list[int]
+
+    @staticmethod
+    def of(checkpoint: Checkpoint, handle: ChannelStateHandle) -> BufferSource:
+        delegate = handle.delegate
+        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
+        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
+        return BufferSource(checkpoint.location(delegate), inline, segment, list(handle.offsets))
+
+    @property
+    def where(self) -> str:
+        return self.location or "inline channel state"
 
 
-class ChannelStateFileBuilder:
-    """Builds one channel-state file; ``add`` returns the offsets and size for a handle."""
+class ChannelStateReader:
+    """Reads the buffers of channel handles. Files stay open (mapped) for the reader's lifetime,
+    since channels share files; ``close`` releases them. Use one reader per task."""
 
     def __init__(self) -> None:
-        self.data = bytearray(HEADER)
+        self._mapped: dict[str, Any] = {}  # memory maps (or bytes) of files, by URI
 
-    def add(self, buffers: list[bytes]) -> tuple[list[int], int]:
-        offsets = []
-        size = 0
-        for payload in buffers:
-            offsets.append(len(self.data))
-            self.data += _LENGTH.pack(len(payload))
-            self.data += payload
-            size += 4 + len(payload)
-        return offsets, size
+    def __enter__(self) -> ChannelStateReader:
+        return self
 
-    def getvalue(self) -> bytes:
-        return bytes(self.data)
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for data in self._mapped.values():
+            close = getattr(data, "close", None)
+            if close:
+                close()
+        self._mapped.clear()
+
+    def payload(self, source: BufferSource) -> bytes:
+        """The payloads of the source's buffers, concatenated: its part of a channel's stream."""
+        data, offsets = self._data(source)
+        return _payloads(data, offsets, source.where)
+
+    def payload_and_lengths(self, source: BufferSource) -> tuple[bytes, list[int]]:
+        """The payloads concatenated, and each buffer's length."""
+        data, offsets = self._data(source)
+        stream = _payloads(data, offsets, source.where)
+        return stream, [_LENGTH.unpack_from(data, o)[0] for o in offsets]
+
+    def buffers(self, source: BufferSource) -> list[bytes]:
+        """The payloads of the source's buffers, one by one."""
+        stream, lengths = self.payload_and_lengths(source)
+        ends = np.cumsum(lengths).tolist() if lengths else []
+        return [stream[end - length : end] for length, end in zip(lengths, ends)]
+
+    def _data(self, source: BufferSource):
+        """The bytes the offsets point into (a whole file, a segment, inline bytes or, on object
+        stores, the span of the buffers behind a header) and the offsets into them."""
+        data: memoryview
+        location = source.location
+        if source.inline is not None:
+            data, offsets = memoryview(source.inline), source.offsets
+        elif location is None:
+            raise CheckpointFormatError("a channel handle has neither a file nor inline data")
+        elif is_s3(location) and not source.segment:
+            span, offsets = self._ranged_span(location, source)
+            data = memoryview(span)
+        else:
+            if location not in self._mapped:
+                self._mapped[location] = io_for(location).map(location)
+            data, offsets = memoryview(self._mapped[location]), source.offsets
+        if source.segment:
+            start, size = source.segment
+            if start < 0 or size < 0 or start + size > len(data):
+                raise CheckpointFormatError(
+                    f"{source.where}: segment of {size} bytes at {start} is outside the file ({len(data)} bytes)"
+                )
+            data = data[start : start + size]
+        if bytes(data[: len(HEADER)]) != HEADER:
+            raise CheckpointFormatError(f"{source.where}: not a channel-state file (bad header)")
+        return data, offsets
+
+    @staticmethod
+    def _ranged_span(location: str, source: BufferSource) -> tuple[bytes, list[int]]:
+        """Object stores: two ranged GETs (the last buffer's length, then the span of all buffers)
+        instead of the whole file, which other subtasks' channels share. Returns the span behind
+        a file header, and the offsets shifted to it."""
+        if not source.offsets:
+            return HEADER, []
+        io = io_for(location)
+        first, last = min(source.offsets), max(source.offsets)
+        if first < len(HEADER):
+            raise CheckpointFormatError(f"{source.where}: buffer offset {first} is inside the file header")
+        (last_length,) = _LENGTH.unpack(io.read_range(location, last, 4))
+        if last_length < 0:
+            raise CheckpointFormatError(f"{source.where}: negative buffer length at offset {last}")
+        span = io.read_range(location, first, last + 4 + last_length - first)
+        return HEADER + span, [o - first + len(HEADER) for o in source.offsets]
+
+
+def _payloads(data, offsets: list[int], where: str) -> bytes:
+    """Buffers must lie inside the file, after its header, in the order written and without
+    overlapping one another (a handle never lists a buffer twice)."""
+    if offsets and min(offsets) < len(HEADER):
+        raise CheckpointFormatError(f"{where}: buffer offset {min(offsets)} is inside the file header")
+    try:
+        return _framing.payloads(data, np.asarray(offsets, dtype=np.int64))
+    except ValueError as exc:
+        raise CheckpointFormatError(f"{where}: {exc}") from None
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """Where one target's buffers went in a written file: offsets of their length fields, and
+    the handle's state size (payloads plus a 4-byte length each)."""
+
+    offsets: list[int] = field(default_factory=list)
+    size: int = 0
+
+
+class ChannelStateWriter:
+    """Streams one channel-state file. ``add(target, stream)`` appends bytes to a target's
+    channel (the bytes of whole records); they are cut into network buffers of ``buffer_size``
+    as they come and emitted framed for the file. ``placements`` says where each target's
+    buffers went once ``finish`` has run."""
+
+    def __init__(self, buffer_size: int = BUFFER_SIZE) -> None:
+        self.buffer_size = buffer_size
+        self.position = len(HEADER)
+        self.placements: dict[int, Placement] = {}
+        self._pending: dict[int, bytes] = {}
+
+    def start(self) -> Iterator[bytes]:
+        yield HEADER
+
+    def add(self, target: int, stream: bytes) -> Iterator[np.ndarray]:
+        pending = self._pending.pop(target, b"")
+        stream = pending + stream if pending else stream
+        full = len(stream) // self.buffer_size
+        if full:
+            yield self._buffers(target, stream, full, self.buffer_size)
+        self._pending[target] = stream[full * self.buffer_size :]
+        self.placements.setdefault(target, Placement())
+
+    def finish(self) -> Iterator[np.ndarray]:
+        for target in sorted(self._pending):
+            rest = self._pending[target]
+            if rest:
+                yield self._buffers(target, rest, 1, len(rest))
+        self._pending.clear()
+
+    @property
+    def size(self) -> int:
+        return self.position
+
+    def _buffers(self, target: int, stream: bytes, count: int, size: int) -> np.ndarray:
+        """``count`` buffers of ``size`` bytes from the start of ``stream``, each after its length."""
+        out = np.empty((count, 4 + size), dtype=np.uint8)
+        out[:, :4] = np.frombuffer(_LENGTH.pack(size), dtype=np.uint8)
+        out[:, 4:] = np.frombuffer(stream, dtype=np.uint8, count=count * size).reshape(count, size)
+        step = 4 + size
+        placement = self.placements.setdefault(target, Placement())
+        placement.offsets.extend(range(self.position, self.position + count * step, step))
+        placement.size += count * step
+        self.position += count * step
+        return out
+
+
+def write_channel_state_file(
+    io: FileIO, uri: str, pieces: Iterable[tuple[int, bytes]], buffer_size: int = BUFFER_SIZE
+) -> ChannelStateWriter:
+    """Write a channel-state file from (target, bytes of whole records) pieces, streaming;
+    returns the writer, whose ``placements`` and ``size`` describe the file."""
+    writer = ChannelStateWriter(buffer_size)
+
+    def chunks() -> Iterator:
+        yield from writer.start()
+        for target, stream in pieces:
+            yield from writer.add(target, stream)
+        yield from writer.finish()
+
+    io.write_stream(uri, chunks())
+    return writer
+
+
+# --- logical channels ---------------------------------------------------------------------------
+
+POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
+
+
+def pointwise_channels(upstream_parallelism: int, downstream_parallelism: int) -> list[tuple[int, int, int, int]]:
+    """(u, d, input channel of d, subpartition of u) of a POINTWISE edge, as Flink's
+    ``EdgeManagerBuildUtil.connectPointwise`` connects the subtasks: equal parallelism pairs
+    them one to one; otherwise each downstream subtask reads a contiguous range of upstream
+    subtasks, or each upstream subtask feeds a contiguous range of downstream subtasks."""
+    links = []
+    if upstream_parallelism == downstream_parallelism:
+        return [(i, i, 0, 0) for i in range(upstream_parallelism)]
+    if upstream_parallelism < downstream_parallelism:
+        for u in range(upstream_parallelism):
+            start = (u * downstream_parallelism + upstream_parallelism - 1) // upstream_parallelism
+            end = ((u + 1) * downstream_parallelism + upstream_parallelism - 1) // upstream_parallelism
+            links += [(u, d, 0, d - start) for d in range(start, end)]
+    else:
+        for d in range(downstream_parallelism):
+            start = d * upstream_parallelism // downstream_parallelism
+            end = (d + 1) * upstream_parallelism // downstream_parallelism
+            links += [(u, d, u - start, 0) for u in range(start, end)]
+    return links
 
 
 @dataclass
@@ -80,35 +272,43 @@ class LogicalChannel:
     input_handles: list[ChannelStateHandle] = field(default_factory=list)
     output_handles: list[ChannelStateHandle] = field(default_factory=list)
 
-    def buffers(self, checkpoint: Checkpoint) -> tuple[list[bytes], list[bytes]]:
-        """(input-side buffers, output-side buffers), each in order."""
-        side = lambda handles: [b for h in handles for b in read_buffers(checkpoint, h)]  # noqa: E731
-        return side(self.input_handles), side(self.output_handles)
-
 
 def logical_channels(
     upstream: Optional[OperatorState],
     downstream: Optional[OperatorState],
     gate: int = 0,
     partition: int = 0,
+    pointwise: bool = False,
 ) -> list[LogicalChannel]:
     """Pair the input state of ``downstream`` (gate ``gate``) with the output state of
     ``upstream`` (partition ``partition``), one LogicalChannel per (u, d) that holds data.
 
-    For an all-to-all exchange the input channel index is the upstream subtask index and the
-    subpartition index is the downstream subtask index.
-    """
+    On an all-to-all edge the input channel index is the upstream subtask index and the
+    subpartition index the downstream subtask index; on a pointwise edge (forward, rescale) the
+    links of :func:`pointwise_channels` say which is which."""
     channels: dict[tuple[int, int], LogicalChannel] = {}
+    by_input: Callable[[int, int], Optional[int]] = lambda d, c: c
+    by_output: Callable[[int, int], Optional[int]] = lambda u, s: s
+    if pointwise and upstream is not None and downstream is not None:
+        links = pointwise_channels(upstream.parallelism, downstream.parallelism)
+        inputs = {(d, c): u for u, d, c, _ in links}
+        outputs = {(u, s): d for u, d, _, s in links}
+        by_input = lambda d, c: inputs.get((d, c))
+        by_output = lambda u, s: outputs.get((u, s))
 
-    def channel(u: int, d: int) -> LogicalChannel:
+    def channel(u: Optional[int], d: Optional[int], handle: ChannelStateHandle) -> LogicalChannel:
+        if u is None or d is None:
+            raise CheckpointFormatError(
+                f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
+            )
         return channels.setdefault((u, d), LogicalChannel(u, d))
 
     for subtask in downstream.subtasks if downstream else ():
         for handle in subtask.channel_handles(INPUT):
             if handle.info[0] == gate:
-                channel(handle.info[1], subtask.index).input_handles.append(handle)
+                channel(by_input(subtask.index, handle.info[1]), subtask.index, handle).input_handles.append(handle)
     for subtask in upstream.subtasks if upstream else ():
         for handle in subtask.channel_handles(OUTPUT):
             if handle.info[0] == partition:
-                channel(subtask.index, handle.info[1]).output_handles.append(handle)
+                channel(subtask.index, by_output(subtask.index, handle.info[1]), handle).output_handles.append(handle)
     return [channels[key] for key in sorted(channels)]

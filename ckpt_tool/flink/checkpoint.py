@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
@@ -37,10 +37,8 @@ class PathMapping:
     checkpoint_dir: str
 
     @staticmethod
-    def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> "PathMapping":
-        paths = [
-            normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))
-        ]
+    def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> PathMapping:
+        paths = [normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))]
         exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
         job_owned = re.compile(r"^(.*)/(shared|taskowned)/[^/]+$")
         for pattern in (exclusive, job_owned):  # a file inside the checkpoint directory says most
@@ -53,12 +51,13 @@ class PathMapping:
 
     def resolve(self, path: str) -> str:
         path = normalize_uri(path)
-        if self.original_job_dir is None or self.original_checkpoint_dir == self.checkpoint_dir:
+        job_dir, checkpoint_dir = self.original_job_dir, self.original_checkpoint_dir
+        if job_dir is None or checkpoint_dir is None or checkpoint_dir == self.checkpoint_dir:
             return path
-        if path.startswith(self.original_checkpoint_dir + "/"):
-            return self.checkpoint_dir + path[len(self.original_checkpoint_dir):]
-        if path.startswith(self.original_job_dir + "/"):
-            return parent(self.checkpoint_dir) + path[len(self.original_job_dir):]
+        if path.startswith(checkpoint_dir + "/"):
+            return self.checkpoint_dir + path[len(checkpoint_dir) :]
+        if path.startswith(job_dir + "/"):
+            return parent(self.checkpoint_dir) + path[len(job_dir) :]
         return path
 
 
@@ -68,10 +67,9 @@ class Checkpoint:
     io: FileIO
     metadata: CheckpointMetadata
     paths: PathMapping
-    _cache: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @staticmethod
-    def open(uri: str) -> "Checkpoint":
+    def open(uri: str) -> Checkpoint:
         """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata."""
         uri = normalize_uri(uri).rstrip("/")
         if uri.endswith("/" + METADATA_FILE):
@@ -85,11 +83,15 @@ class Checkpoint:
 
     def location(self, handle) -> str | None:
         """Where a stream handle's bytes are now, or None for inline data."""
-        if isinstance(handle, (FileHandle, SegmentFileHandle)):
-            return self.paths.resolve(handle.path)
+        if isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
+            return self.file_location(handle)
+        return None
+
+    def file_location(self, handle: FileHandle | RelativeFileHandle | SegmentFileHandle) -> str:
+        """Where a file handle's file is now."""
         if isinstance(handle, RelativeFileHandle):
             return join(self.uri, handle.relative_path)
-        return None
+        return self.paths.resolve(handle.path)
 
     def referenced_files(self) -> list[str]:
         """Every file the metadata references, where it is now, without duplicates."""
@@ -101,7 +103,7 @@ class Checkpoint:
         recorded: dict[str, int] = {}
         for handle in iter_stream_handles(self.metadata):
             if isinstance(handle, (FileHandle, RelativeFileHandle)):
-                recorded[self.location(handle)] = handle.size
+                recorded[self.file_location(handle)] = handle.size
         for uri in self.referenced_files():
             if not self.io.exists(uri):
                 yield f"{uri} is missing: the checkpoint's _metadata references it"
@@ -116,11 +118,6 @@ class Checkpoint:
         for problem in self.file_problems():
             raise StorageError(problem)
 
-    def read_file(self, uri: str) -> bytes:
-        if uri not in self._cache:
-            self._cache[uri] = self.io.read(uri)
-        return self._cache[uri]
-
     def handle_bytes(self, handle) -> bytes:
         """The whole content of a stream handle (a file, a file segment or inline data)."""
         if isinstance(handle, ByteStreamHandle):
@@ -130,7 +127,6 @@ class Checkpoint:
         uri = self.location(handle)
         if uri is None:
             raise CheckpointFormatError(f"cannot read state from a {type(handle).__name__}")
-        data = self.read_file(uri)
         if isinstance(handle, SegmentFileHandle):
-            data = data[handle.start:handle.start + handle.size]
-        return data
+            return self.io.read_range(uri, handle.start, handle.size)
+        return self.io.read(uri)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import NoReturn
 
 from ckpt_tool.errors import CheckpointFormatError
 
@@ -61,11 +62,11 @@ class JavaReader:
                 f"{self.source} is truncated: {what} needs {count} bytes at byte {self.pos}, "
                 f"but the file ends at byte {len(self.data)}"
             )
-        chunk = self.data[self.pos:end]
+        chunk = self.data[self.pos : end]
         self.pos = end
         return chunk
 
-    def fail(self, message: str, at: int | None = None) -> None:
+    def fail(self, message: str, at: int | None = None) -> NoReturn:
         where = self.pos if at is None else at
         raise CheckpointFormatError(f"{self.source}: {message} at byte {where}")
 
@@ -107,7 +108,7 @@ class JavaReader:
         return self._take(count, what)
 
     def rest(self) -> bytes:
-        chunk = self.data[self.pos:]
+        chunk = self.data[self.pos :]
         self.pos = len(self.data)
         return chunk
 

@@ -19,7 +19,7 @@ PRIMITIVES = {"B": "i8", "Z": "boolean", "I": "i32", "J": "i64", "S": "short", "
 
 
 class _ClassDesc:
-    def __init__(self, name: str, flags: int, fields: list[tuple[str, str]], parent: "_ClassDesc | None"):
+    def __init__(self, name: str, flags: int, fields: list[tuple[str, str]], parent: _ClassDesc | None):
         self.name, self.flags, self.fields, self.parent = name, flags, fields, parent
 
 

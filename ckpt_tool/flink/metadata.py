@@ -82,8 +82,7 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
     magic = reader.i32("magic number")
     if magic != HEADER_MAGIC:
         raise CheckpointFormatError(
-            f"{source} is not a Flink checkpoint: magic number 0x{magic & 0xFFFFFFFF:08x}, "
-            f"expected 0x{HEADER_MAGIC:08x}"
+            f"{source} is not a Flink checkpoint: magic number 0x{magic & 0xFFFFFFFF:08x}, expected 0x{HEADER_MAGIC:08x}"
         )
     version = reader.i32("metadata version")
     if version not in SUPPORTED_VERSIONS:
@@ -174,9 +173,7 @@ class _MetadataReader:
         state.managed_keyed = self.keyed_handle()
         state.raw_keyed = self.keyed_handle()
         state.input_channels = [self.channel_handle(INPUT) for _ in range(r.count("input channel handles"))]
-        state.output_channels = [
-            self.channel_handle(OUTPUT) for _ in range(r.count("result subpartition handles"))
-        ]
+        state.output_channels = [self.channel_handle(OUTPUT) for _ in range(r.count("result subpartition handles"))]
         return state
 
     # --- handles --------------------------------------------------------------------------------
@@ -247,8 +244,15 @@ class _MetadataReader:
             materialization_id = r.i64("materialization id")
             checkpoint_id = r.i64("checkpoint id") if tag == CHANGELOG_V2 else materialization_id
             return ChangelogBackendHandle(
-                tag, start, num, checkpointed_size, materialized, non_materialized,
-                materialization_id, checkpoint_id, r.utf("state handle id"),
+                tag,
+                start,
+                num,
+                checkpointed_size,
+                materialized,
+                non_materialized,
+                materialization_id,
+                checkpoint_id,
+                r.utf("state handle id"),
             )
         if tag == CHANGELOG_BYTE_INCREMENT:
             start, num = self.key_range()
@@ -436,10 +440,10 @@ class _MetadataWriter:
                 self.operator_state_handle(handle)
         self.keyed_handle(s.managed_keyed)
         self.keyed_handle(s.raw_keyed)
-        for handles in (s.input_channels, s.output_channels):
-            w.i32(len(handles))
-            for handle in handles:
-                self.channel_handle(handle)
+        for channels in (s.input_channels, s.output_channels):
+            w.i32(len(channels))
+            for channel in channels:
+                self.channel_handle(channel)
 
     def stream_handle(self, h) -> None:
         w = self.w

@@ -71,18 +71,23 @@ class KeyGroupsHandle:
     tag: int
     start_key_group: int
     offsets: list[int]
-    delegate: Optional["StreamHandle"]
+    delegate: Optional[StreamHandle]
     handle_id: Optional[str] = None
 
     @property
     def key_groups(self) -> range:
         return range(self.start_key_group, self.start_key_group + len(self.offsets))
 
+    @property
+    def size(self) -> int:
+        """Its delegate's size, as Flink's ``KeyGroupsStateHandle.getStateSize``."""
+        return self.delegate.size if self.delegate else 0
+
 
 @dataclass
 class HandleAndLocalPath:
     local_path: str
-    handle: Optional["StreamHandle"]
+    handle: Optional[StreamHandle]
 
 
 @dataclass
@@ -98,7 +103,7 @@ class IncrementalKeyedHandle:
     start_key_group: int
     num_key_groups: int
     checkpointed_size: int
-    meta: Optional["StreamHandle"]
+    meta: Optional[StreamHandle]
     shared: list[HandleAndLocalPath]
     private: list[HandleAndLocalPath]
     handle_id: Optional[str]
@@ -116,8 +121,8 @@ class ChangelogBackendHandle:
     start_key_group: int
     num_key_groups: int
     checkpointed_size: int
-    materialized: list["KeyedHandle"]
-    non_materialized: list["KeyedHandle"]
+    materialized: list[KeyedHandle]
+    non_materialized: list[KeyedHandle]
     materialization_id: int
     checkpoint_id: int
     handle_id: str
@@ -148,7 +153,7 @@ class ChangelogStreamHandle:
     tag: int
     start_key_group: int
     num_key_groups: int
-    handles_and_offsets: list[tuple[Optional["StreamHandle"], int]]
+    handles_and_offsets: list[tuple[Optional[StreamHandle], int]]
     state_size: int
     checkpointed_size: int
     handle_id: str
@@ -179,7 +184,7 @@ class OperatorStateHandle:
 
     tag: int
     states: list[OperatorStateInfo]
-    delegate: Optional["StreamHandle"]
+    delegate: Optional[StreamHandle]
     task_owned_dir: Optional[str] = None
     shared_dir: Optional[str] = None
     is_empty: bool = False
@@ -204,7 +209,7 @@ class ChannelStateHandle:
     info: tuple[int, int]
     offsets: list[int]
     state_size: int
-    delegate: Optional["StreamHandle"]
+    delegate: Optional[StreamHandle]
 
     @property
     def buffer_count(self) -> int:
@@ -221,7 +226,7 @@ class ChannelStateHandle:
         """
         if isinstance(self.delegate, ByteStreamHandle):
             data = self.delegate.data
-            return sum(int.from_bytes(data[o:o + 4], "big") for o in self.offsets)
+            return sum(int.from_bytes(data[o : o + 4], "big") for o in self.offsets)
         return self.state_size - 4 * len(self.offsets)
 
 
@@ -235,7 +240,7 @@ class MergedChannelStateHandle:
     direction: str
     subtask_index: int
     state_size: int
-    delegate: Optional["StreamHandle"]
+    delegate: Optional[StreamHandle]
     serialized_offsets: bytes
     channels: list[ChannelStateHandle] = field(default_factory=list)
 
@@ -251,10 +256,10 @@ class SubtaskState:
     finished: bool = False
     managed_operator: Optional[OperatorStateHandle] = None
     raw_operator: Optional[OperatorStateHandle] = None
-    managed_keyed: Optional["KeyedHandle"] = None
-    raw_keyed: Optional["KeyedHandle"] = None
-    input_channels: list["AnyChannelHandle"] = field(default_factory=list)
-    output_channels: list["AnyChannelHandle"] = field(default_factory=list)
+    managed_keyed: Optional[KeyedHandle] = None
+    raw_keyed: Optional[KeyedHandle] = None
+    input_channels: list[AnyChannelHandle] = field(default_factory=list)
+    output_channels: list[AnyChannelHandle] = field(default_factory=list)
 
     def channel_handles(self, direction: str) -> list[ChannelStateHandle]:
         """The per-channel handles of one direction, merged handles opened up."""
@@ -321,10 +326,18 @@ class CheckpointMetadata:
                 return op
         raise KeyError(ref)
 
+    def label(self, operator_id: Optional[str]) -> str:
+        """How messages name an operator given by id: its label, or ``?`` when unknown."""
+        for op in self.operators:
+            if op.id_hex == operator_id:
+                return op.label
+        return "?"
 
-StreamHandle = Union[
-    ByteStreamHandle, FileHandle, RelativeFileHandle, SegmentFileHandle, EmptySegmentFileHandle, KeyGroupsHandle
-]
+    def exchange_label(self, upstream_id: Optional[str], downstream_id: str) -> str:
+        return f"{self.label(upstream_id)} -> {self.label(downstream_id)}"
+
+
+StreamHandle = Union[ByteStreamHandle, FileHandle, RelativeFileHandle, SegmentFileHandle, EmptySegmentFileHandle, KeyGroupsHandle]
 KeyedHandle = Union[
     KeyGroupsHandle, IncrementalKeyedHandle, ChangelogBackendHandle, InMemoryChangelogHandle, ChangelogStreamHandle
 ]

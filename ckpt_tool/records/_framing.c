@@ -84,7 +84,8 @@ done:
 }
 
 /* payloads(data, offsets) -> bytes: the payloads of the buffers whose int length fields are at
- * the int64 offsets, concatenated; ValueError names the first buffer outside the data. */
+ * the int64 offsets, concatenated; ValueError names the first buffer outside the data, or one
+ * that does not start after the end of the buffer before it (offsets come in the order written). */
 static PyObject *payloads(PyObject *self, PyObject *args) {
     Py_buffer data, offsets;
     if (!PyArg_ParseTuple(args, "y*y*", &data, &offsets)) return NULL;
@@ -92,9 +93,15 @@ static PyObject *payloads(PyObject *self, PyObject *args) {
     const unsigned char *bytes = data.buf;
     const int64_t *at = offsets.buf;
     Py_ssize_t count = offsets.len / (Py_ssize_t)sizeof(int64_t), total = 0;
+    int64_t previous_end = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         if (at[i] < 0 || at[i] + 4 > data.len) {
             PyErr_Format(PyExc_ValueError, "buffer offset %lld is outside the file (%zd bytes)", (long long)at[i], data.len);
+            goto done;
+        }
+        if (at[i] < previous_end) {
+            PyErr_Format(PyExc_ValueError, "buffer offset %lld repeats or overlaps the buffer before it (which ends at %lld)",
+                         (long long)at[i], (long long)previous_end);
             goto done;
         }
         int32_t length = read_length(bytes + at[i]);
@@ -103,6 +110,7 @@ static PyObject *payloads(PyObject *self, PyObject *args) {
                          (long long)at[i], length, data.len);
             goto done;
         }
+        previous_end = at[i] + 4 + (int64_t)length;
         total += length;
     }
     result = PyBytes_FromStringAndSize(NULL, total);

@@ -10,19 +10,17 @@ function otherwise (strings, rows, SQL rows, plug-ins).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ckpt_tool.records import _framing
-from ckpt_tool.records.framing import record_starts
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, parse_type
-
-_framing.reuse_memory()  # the record path allocates channel-sized blocks over and over
 
 
 @dataclass
@@ -44,19 +42,26 @@ class ChannelRecords:
         return self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
 
     def element(self, index: int) -> bytes:
-        return self.data[self.starts[index] + 4:self.ends[index]]
+        return self.data[self.starts[index] + 4 : self.ends[index]]
 
     def framed(self, selected: np.ndarray) -> bytes:
         """The chosen elements (a boolean mask), each with its length field, concatenated."""
         if selected.all():
-            return self.data[:len(self.data) - self.trailing]
+            return self.data[: len(self.data) - self.trailing]
         starts, ends = self.starts[selected], self.ends[selected]
         return _framing.gather(self.data, np.ascontiguousarray(starts), np.ascontiguousarray(ends))
 
 
 def frame_channel(data: bytes) -> ChannelRecords:
-    """Split a stitched channel stream into elements and check each element's tag and size."""
-    starts_bytes, end = record_starts(data)
+    """Split a stitched channel stream into elements and check each element's tag and size.
+
+    Flink's record serializer writes each element as a 4-byte big-endian length and its bytes;
+    an element (even its length field) may span buffers. The walk along the lengths is the C
+    loop ``_framing.frame``; bytes after the last whole element are ``trailing``."""
+    try:
+        starts_bytes, end = _framing.frame(data)
+    except ValueError as exc:
+        raise RecordDecodeError(str(exc)) from None
     starts = np.frombuffer(starts_bytes, dtype=np.int64)
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]
@@ -89,8 +94,14 @@ def _check_elements(tags: np.ndarray, sizes: np.ndarray) -> None:
 _U32 = np.uint32
 # scalar -> (bytes, big-endian dtype) as Flink's serializers write them
 _FIXED = {
-    "long": (8, ">i8"), "int": (4, ">i4"), "short": (2, ">i2"), "byte": (1, "i1"),
-    "double": (8, ">f8"), "float": (4, ">f4"), "boolean": (1, "u1"), "char": (2, ">u2"),
+    "long": (8, ">i8"),
+    "int": (4, ">i4"),
+    "short": (2, ">i2"),
+    "byte": (1, "i1"),
+    "double": (8, ">f8"),
+    "float": (4, ">f4"),
+    "boolean": (1, "u1"),
+    "char": (2, ">u2"),
 }
 
 
@@ -112,7 +123,7 @@ def _fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
     pojo = value_type.name == "pojo"
     order = [value_type.field_index(k) for k in key]
     offset, expected, places = (1, [(0, 0x02)], {}) if pojo else (0, [], {})
-    for index, field_type in enumerate(value_type.fields[:max(order) + 1]):
+    for index, field_type in enumerate(value_type.fields[: max(order) + 1]):
         if field_type.name not in _FIXED:
             return None
         if pojo:
@@ -162,36 +173,37 @@ class KeyGroups:
 
     def __init__(self, exchange: Exchange, max_parallelism: int):
         self.max_parallelism = max_parallelism
-        self.fixed = None
+        self.fixed: Optional[_FixedKey] = None
         if exchange.record_type and not exchange.decoder:
             self.fixed = _fixed_key(parse_type(exchange.record_type), exchange.key)
         self.exchange = exchange
-        self._key_of = None  # the per-record key function, built on first need
+        self._key_of: Optional[Callable[[bytes, int], tuple[int, Any]]] = None  # built on first need
 
     def of(self, records: ChannelRecords, selected: np.ndarray) -> np.ndarray:
         """The key group of each selected element (records only)."""
-        hashes = self._fixed_hashes(records, selected) if self.fixed else None
+        hashes = self._fixed_hashes(records, selected, self.fixed) if self.fixed else None
         if hashes is None:
-            if self._key_of is None:
-                self._key_of = self.exchange.key_function()
-            key_of = self._key_of
-            value_starts = records.value_starts()
+            key_of = self._key_of = self._key_of or self.exchange.key_function()
+            if key_of is None:
+                raise RecordDecodeError("the exchange has no key to compute key groups from")
+            offsets = (records.value_starts() - records.starts - 4).tolist()
             hashes = np.fromiter(
-                (key_of(records.element(i), int(value_starts[i] - records.starts[i] - 4))[0]
-                 for i in np.flatnonzero(selected)),
-                dtype=np.int64, count=int(selected.sum()),
+                (key_of(records.element(i), offsets[i])[0] for i in np.flatnonzero(selected).tolist()),
+                dtype=np.int64,
+                count=int(selected.sum()),
             ).astype(_U32)
         return murmur_key_groups(hashes, self.max_parallelism)
 
-    def _fixed_hashes(self, records: ChannelRecords, selected: np.ndarray) -> Optional[np.ndarray]:
+    @staticmethod
+    def _fixed_hashes(records: ChannelRecords, selected: np.ndarray, fixed: _FixedKey) -> Optional[np.ndarray]:
         data = np.frombuffer(records.data, dtype=np.uint8)
         values = records.value_starts()[selected]
         ends = records.ends[selected]
-        for offset, byte in self.fixed.expected:
+        for offset, byte in fixed.expected:
             if ((values + offset >= ends) | (data[np.minimum(values + offset, len(data) - 1)] != byte)).any():
                 return None  # a null or a subclass somewhere: leave it to the per-record path
         combined = None
-        for offset, name in self.fixed.fields:
+        for offset, name in fixed.fields:
             width, dtype = _FIXED[name]
             if (values + offset + width > ends).any():
                 raise RecordDecodeError(f"a record ends inside its {name} key")
@@ -200,4 +212,3 @@ class KeyGroups:
             with np.errstate(over="ignore"):  # several fields: TupleN.hashCode, 31 * h + field
                 combined = field if combined is None else combined * _U32(31) + field
         return combined
-

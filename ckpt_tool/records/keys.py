@@ -13,7 +13,6 @@ from typing import Any
 
 from ckpt_tool.records.types import DataType, Row
 
-
 MURMUR_C1 = 0xCC9E2D51
 MURMUR_C2 = 0x1B873593
 
@@ -61,7 +60,8 @@ def key_group_for_hash(key_hash: int, max_parallelism: int) -> int:
     return murmur_hash(key_hash) % max_parallelism
 
 
-def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: Any) -> Any:
+    """The subtask owning a key group; ``key_group`` may be an int or a NumPy array of them."""
     return key_group * parallelism // max_parallelism
 
 
@@ -151,4 +151,3 @@ def binary_row_hash(data: bytes) -> int:
 
 def key_group_of(data_type: DataType, key: Any, max_parallelism: int) -> int:
     return key_group_for_hash(java_hash(data_type, key), max_parallelism)
-

@@ -29,8 +29,9 @@ import importlib
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
@@ -89,7 +90,7 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[byte
 
     if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
         if list(key) not in (["value"], ["*"]):
-            raise SchemaError(f"records of type {value_type} have no fields; use key = [\"value\"]")
+            raise SchemaError(f'records of type {value_type} have no fields; use key = ["value"]')
 
         def whole(raw: bytes, offset: int) -> tuple[int, Any]:
             value, _ = decode_value(value_type, raw, offset)
@@ -148,7 +149,7 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
         record_type = entry.get("type")
         if record_type:
             parse_type(record_type)  # fail early on a bad expression
-        key = entry.get("key", ())
+        key = entry.get("key", [])
         exchanges.append(
             Exchange(
                 upstream_id=_resolve(metadata, entry["upstream"], "upstream") if "upstream" in entry else None,
@@ -207,8 +208,10 @@ def _tails(plan: dict, metadata: CheckpointMetadata) -> dict[str, Optional[str]]
             if tail or node_id not in consumers:
                 continue
             fits = [
-                op.id_hex for op in metadata.operators
-                if op.id_hex not in taken and (op.id_hex == node_id or op.id_hex not in nodes)
+                op.id_hex
+                for op in metadata.operators
+                if op.id_hex not in taken
+                and (op.id_hex == node_id or op.id_hex not in nodes)
                 and _output_fits(op, int(nodes[node_id].get("parallelism", 0)), min(consumers[node_id]))
             ]
             if len(fits) == 1:

@@ -13,15 +13,26 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ckpt_tool.errors import CkptError
 
 JAVA_SCALARS = ("string", "long", "int", "short", "byte", "double", "float", "boolean", "char", "bytes")
 SQL_SCALARS = {
-    "bigint": "long", "int": "int", "integer": "int", "smallint": "short", "tinyint": "byte",
-    "boolean": "boolean", "float": "float", "double": "double", "string": "string", "varchar": "string",
-    "bytes": "bytes", "varbinary": "bytes", "date": "int", "time": "int",
+    "bigint": "long",
+    "int": "int",
+    "integer": "int",
+    "smallint": "short",
+    "tinyint": "byte",
+    "boolean": "boolean",
+    "float": "float",
+    "double": "double",
+    "string": "string",
+    "varchar": "string",
+    "bytes": "bytes",
+    "varbinary": "bytes",
+    "date": "int",
+    "time": "int",
 }
 COMPOSITES = ("tuple", "row", "pojo", "binary_row")
 ROW_KINDS = ("+I", "-U", "+U", "-D")
@@ -34,7 +45,7 @@ class TypeSyntaxError(CkptError):
 @dataclass(frozen=True)
 class DataType:
     name: str
-    fields: tuple["DataType", ...] = ()
+    fields: tuple[DataType, ...] = ()
     field_names: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -149,10 +160,10 @@ class BinaryRow:
             return self.data[slot] != 0
         (word,) = struct.unpack_from("<Q", self.data, slot)
         if word & (1 << 63):
-            raw = self.data[slot:slot + ((word >> 56) & 0x7F)]
+            raw = self.data[slot : slot + ((word >> 56) & 0x7F)]
         else:
             offset, length = word >> 32, word & 0xFFFFFFFF
-            raw = self.data[offset:offset + length]
+            raw = self.data[offset : offset + length]
         return raw.decode("utf-8", "replace") if name == "string" else bytes(raw)
 
     def values(self) -> list[Any]:
@@ -160,8 +171,12 @@ class BinaryRow:
 
 
 _LE_FIXED = {
-    "long": struct.Struct("<q"), "int": struct.Struct("<i"), "short": struct.Struct("<h"),
-    "byte": struct.Struct("<b"), "double": struct.Struct("<d"), "float": struct.Struct("<f"),
+    "long": struct.Struct("<q"),
+    "int": struct.Struct("<i"),
+    "short": struct.Struct("<h"),
+    "byte": struct.Struct("<b"),
+    "double": struct.Struct("<d"),
+    "float": struct.Struct("<f"),
 }
 
 
@@ -184,7 +199,7 @@ def build_binary_row(types: tuple[DataType, ...], values: list[Any], kind: int =
         elif name in ("string", "bytes"):
             raw = value.encode("utf-8") if name == "string" else bytes(value)
             if len(raw) <= 7:
-                fixed[slot:slot + len(raw)] = raw
+                fixed[slot : slot + len(raw)] = raw
                 fixed[slot + 7] = 0x80 | len(raw)
             else:
                 offset = len(fixed) + len(variable)
@@ -205,9 +220,13 @@ class RecordDecodeError(CkptError):
 class ValueReader:
     """Reads one value of a DataType from serialized bytes, as Flink's TypeSerializer would."""
 
-    _BE = {
-        "long": struct.Struct(">q"), "int": struct.Struct(">i"), "short": struct.Struct(">h"),
-        "byte": struct.Struct(">b"), "double": struct.Struct(">d"), "float": struct.Struct(">f"),
+    _BE: ClassVar[dict[str, struct.Struct]] = {
+        "long": struct.Struct(">q"),
+        "int": struct.Struct(">i"),
+        "short": struct.Struct(">h"),
+        "byte": struct.Struct(">b"),
+        "double": struct.Struct(">d"),
+        "float": struct.Struct(">f"),
         "char": struct.Struct(">H"),
     }
 
@@ -267,7 +286,7 @@ class ValueReader:
             length = self.fixed("int")
             self._need(length)
             self.pos += length
-            return self.data[self.pos - length:self.pos]
+            return self.data[self.pos - length : self.pos]
         if name == "tuple":
             return tuple(self.read(f) for f in t.fields)
         if name == "row":
@@ -278,12 +297,12 @@ class ValueReader:
             length = self.fixed("int")
             self._need(length)
             self.pos += length
-            return BinaryRow(bytes(self.data[self.pos - length:self.pos]), t.fields)
+            return BinaryRow(bytes(self.data[self.pos - length : self.pos]), t.fields)
         raise RecordDecodeError(f"cannot decode {t}")
 
     def row(self, t: DataType) -> Row:
         bits = 2 + len(t.fields)
-        mask = []
+        mask: list[bool] = []
         for _ in range((bits + 7) // 8):
             byte = self.u8()
             mask.extend(bool(byte & (0x80 >> i)) for i in range(8))

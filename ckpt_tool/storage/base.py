@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 from abc import ABC, abstractmethod
-from typing import Iterable
+from collections.abc import Iterable
 
 from ckpt_tool.errors import StorageError
 
@@ -19,11 +19,11 @@ def normalize_uri(uri: str) -> str:
     """
     for scheme in S3_SCHEMES:
         if uri.startswith(scheme):
-            return "s3://" + uri[len(scheme):]
+            return "s3://" + uri[len(scheme) :]
     if uri.startswith("file://"):
-        uri = uri[len("file://"):]
+        uri = uri[len("file://") :]
     elif uri.startswith("file:"):
-        uri = uri[len("file:"):]
+        uri = uri[len("file:") :]
     return uri
 
 

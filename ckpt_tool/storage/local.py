@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from ckpt_tool.errors import StorageError
 from ckpt_tool.storage.base import FileIO, normalize_uri
@@ -43,7 +43,7 @@ class LocalFileIO(FileIO):
 
     def list(self, uri: str) -> list[str]:
         root = self._path(uri)
-        found = []
+        found: list[str] = []
         for directory, _, files in os.walk(root):
             found.extend(os.path.join(directory, name) for name in files)
         return sorted(found)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
 from ckpt_tool.errors import StorageError
 from ckpt_tool.storage.base import FileIO, normalize_uri
@@ -20,7 +20,7 @@ SPOOL_BYTES = 64 * 1024 * 1024
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    rest = normalize_uri(uri)[len("s3://"):]
+    rest = normalize_uri(uri)[len("s3://") :]
     bucket, _, key = rest.partition("/")
     if not bucket:
         raise StorageError(f"no bucket in {uri!r}")
@@ -32,12 +32,10 @@ class S3FileIO(FileIO):
         import boto3
         from botocore.config import Config
 
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url or None, config=Config(retries=RETRY_CONFIG)
-        )
+        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=Config(retries=RETRY_CONFIG))
 
     @staticmethod
-    def default() -> "S3FileIO":
+    def default() -> S3FileIO:
         """One client per endpoint setting: ``--s3-endpoint`` (CKPT_S3_ENDPOINT) or boto3's own."""
         return _client_for(os.environ.get("CKPT_S3_ENDPOINT"), os.environ.get("AWS_ENDPOINT_URL"))
 
@@ -82,7 +80,7 @@ class S3FileIO(FileIO):
     def list(self, uri: str) -> list[str]:
         bucket, prefix = split_s3_uri(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
-        found = []
+        found: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
         for page in self._call("list", uri, paginator.paginate, Bucket=bucket, Prefix=prefix):
             found.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))

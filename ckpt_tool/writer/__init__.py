@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 from ckpt_tool.errors import OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
@@ -74,20 +75,22 @@ def write_checkpoint(
     def carry(handle):
         """Copy a file of the source into ``dst`` and refer to it relative to the checkpoint, so
         that the output can be moved or downloaded and still restores."""
-        if id(handle) in carried or isinstance(handle, RelativeFileHandle) and (
-            handle.relative_path in new_files or handle.relative_path in already_written
+        if id(handle) in carried or (
+            isinstance(handle, RelativeFileHandle)
+            and (handle.relative_path in new_files or handle.relative_path in already_written)
         ):
             return handle
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
             return handle
-        location = src.location(handle)
+        location = src.file_location(handle)
         for base in (src.uri, job_dir):
             if location.startswith(base + "/"):
-                relative = location[len(base) + 1:]
+                relative = location[len(base) + 1 :]
                 break
         else:
             return handle  # outside the source's directories: left where it is
         copies[location] = join(dst, relative)
+        moved: SegmentFileHandle | RelativeFileHandle
         if isinstance(handle, SegmentFileHandle):
             handle.path = flink_path(copies[location])
             moved = handle

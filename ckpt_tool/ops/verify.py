@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.channel_state import split_buffers
+from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
-from ckpt_tool.inspect import exchanges_summary
+from ckpt_tool.planning import RescaleError, plan_rescale
+from ckpt_tool.session import Session
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
 # Small buffers (a lone watermark, say) are legitimately identical in many channels.
@@ -85,46 +87,50 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
         digests: dict[bytes, set[int]] = defaultdict(set)
-        for s in op.subtasks:
-            for direction in (INPUT, OUTPUT):
-                infos = set()
-                for h in s.channel_handles(direction):
-                    channel = f"{direction} {h.info[0]}/{h.info[1]}"
-                    if h.info in infos:
-                        handles.problems.append(Problem("channel-handles", f"two handles for {channel}",
-                                                        op.label, s.index, channel))
-                    infos.add(h.info)
-                    if h.subtask_index != s.index:
-                        handles.problems.append(Problem("channel-handles", f"handle names subtask {h.subtask_index}",
-                                                        op.label, s.index, channel))
-                    if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
-                        continue
-                    where = cp.location(h.delegate) or "inline channel state"
-                    try:
-                        data = cp.handle_bytes(h.delegate)
-                        payloads = split_buffers(data, h.offsets, where)
-                    except CkptError as exc:
-                        buffers.problems.append(Problem("channel-state", str(exc), op.label, s.index, channel))
-                        continue
-                    for payload in payloads:
-                        if len(payload) >= REPLICA_MIN_BUFFER_BYTES:
-                            digests[hashlib.blake2b(payload, digest_size=16).digest() + direction.encode()].add(s.index)
+        with ChannelStateReader() as reader:
+            for s in op.subtasks:
+                for direction in (INPUT, OUTPUT):
+                    infos = set()
+                    for h in s.channel_handles(direction):
+                        channel = f"{direction} {h.info[0]}/{h.info[1]}"
+                        if h.info in infos:
+                            handles.problems.append(
+                                Problem("channel-handles", f"two handles for {channel}", op.label, s.index, channel)
+                            )
+                        infos.add(h.info)
+                        if h.subtask_index != s.index:
+                            handles.problems.append(
+                                Problem("channel-handles", f"handle names subtask {h.subtask_index}", op.label, s.index, channel)
+                            )
+                        if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
+                            continue
+                        try:
+                            payloads = reader.buffers(BufferSource.of(cp, h))
+                        except CkptError as exc:
+                            buffers.problems.append(Problem("channel-state", str(exc), op.label, s.index, channel))
+                            continue
+                        for payload in payloads:
+                            if len(payload) >= REPLICA_MIN_BUFFER_BYTES:
+                                digest = hashlib.blake2b(payload, digest_size=16).digest()
+                                digests[digest + direction.encode()].add(s.index)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
-            replicas.problems.append(Problem(
-                "buffer-replicas", f"{copies} buffer copies are held by more than one subtask", op.label, count=copies
-            ))
+            replicas.problems.append(
+                Problem("buffer-replicas", f"{copies} buffer copies are held by more than one subtask", op.label, count=copies)
+            )
     return [buffers, handles, replicas]
 
 
 def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
-    parallelism = CheckResult("parallelism", "parallelism within max parallelism, subtask indexes within parallelism",
-                              unusable=True)
+    parallelism = CheckResult(
+        "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
+    )
     finished = CheckResult("finished-markers", "FLIP-147 finished markers are consistent", unusable=True)
     for op in cp.metadata.operators:
         if not 1 <= op.parallelism <= op.max_parallelism:
-            parallelism.problems.append(Problem(
-                "parallelism", f"parallelism {op.parallelism} outside 1..{op.max_parallelism}", op.label))
+            parallelism.problems.append(
+                Problem("parallelism", f"parallelism {op.parallelism} outside 1..{op.max_parallelism}", op.label)
+            )
         indexes = [s.index for s in op.subtasks]
         if len(set(indexes)) != len(indexes) or any(not 0 <= i < op.parallelism for i in indexes):
             parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", op.label))
@@ -133,37 +139,60 @@ def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
     return [parallelism, finished]
 
 
-def check_records(cp: Checkpoint, exchanges, engine) -> list[CheckResult]:
-    framing = CheckResult("record-framing", "every logical channel splits into whole records", ran=exchanges is not None,
-                          unusable=True)
-    placement = CheckResult("key-groups", "every in-flight record is in its subtask's key groups",
-                            ran=exchanges is not None and any(e.keyed for e in exchanges))
-    duplicates = CheckResult("record-replicas", "no record held by more than one subtask",
-                             ran=placement.ran)
+def check_records(session: Session) -> list[CheckResult]:
+    exchanges = session.exchanges
+    framing = CheckResult(
+        "record-framing", "every logical channel splits into whole records", ran=exchanges is not None, unusable=True
+    )
+    placement = CheckResult(
+        "key-groups",
+        "every in-flight record is in its subtask's key groups",
+        ran=exchanges is not None and any(e.keyed for e in exchanges),
+    )
+    duplicates = CheckResult("record-replicas", "no record held by more than one subtask", ran=placement.ran)
     if exchanges is None:
         return [framing, placement, duplicates]
-    names = {op.id_hex: op.label for op in cp.metadata.operators}
-    for exchange in exchanges_summary(cp, exchanges, engine):
-        label = f"{names.get(exchange['upstream'], '?')} -> {names[exchange['downstream']]}"
-        for ch in exchange["channels"]:
-            channel = f"{ch['upstream_subtask']} -> {ch['downstream_subtask']}"
-            if ch["partial_bytes"]:
-                framing.problems.append(Problem("record-framing", f"{label}: {ch['partial_bytes']} bytes of a cut record",
-                                                names[exchange["downstream"]], ch["downstream_subtask"], channel))
-            if ch["misplaced_records"]:
-                placement.problems.append(Problem(
-                    "key-groups", f"{label}: {ch['misplaced_records']} records outside the subtask's key groups",
-                    names[exchange["downstream"]], ch["downstream_subtask"], channel, ch["misplaced_records"]))
-        if exchange["duplicate_records"]:
-            duplicates.problems.append(Problem(
-                "record-replicas", f"{label}: {exchange['duplicate_records']} record copies held by several subtasks",
-                names[exchange["downstream"]], count=exchange["duplicate_records"]))
+    metadata = session.metadata
+    for scan in scan_exchanges(session.checkpoint, exchanges, session.engine):
+        exchange = scan.exchange
+        label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
+        downstream = metadata.label(exchange.downstream_id)
+        for ch in scan.channels:
+            channel = f"{ch.upstream_subtask} -> {ch.downstream_subtask}"
+            if ch.trailing_bytes:
+                framing.problems.append(
+                    Problem(
+                        "record-framing",
+                        f"{label}: {ch.trailing_bytes} bytes of a cut record",
+                        downstream,
+                        ch.downstream_subtask,
+                        channel,
+                    )
+                )
+            if scan.keyed and ch.misplaced_records:
+                placement.problems.append(
+                    Problem(
+                        "key-groups",
+                        f"{label}: {ch.misplaced_records} records outside the subtask's key groups",
+                        downstream,
+                        ch.downstream_subtask,
+                        channel,
+                        ch.misplaced_records,
+                    )
+                )
+        if scan.keyed and scan.duplicate_records:
+            duplicates.problems.append(
+                Problem(
+                    "record-replicas",
+                    f"{label}: {scan.duplicate_records} record copies held by several subtasks",
+                    downstream,
+                    count=scan.duplicate_records,
+                )
+            )
     return [framing, placement, duplicates]
 
 
 def check_target(cp: Checkpoint, target: Optional[int], exchanges) -> CheckResult:
-    from ckpt_tool.rescale import RescaleError, plan_rescale
-
     result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible", ran=target is not None)
     if target is not None:
         try:
@@ -173,13 +202,14 @@ def check_target(cp: Checkpoint, target: Optional[int], exchanges) -> CheckResul
     return result
 
 
-def verify(cp: Checkpoint, exchanges=None, engine=None, target: Optional[int] = None) -> VerifyReport:
+def verify(session: Session, target: Optional[int] = None) -> VerifyReport:
+    cp = session.checkpoint
     files = check_files(cp)
     checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp)]
     usable = not any(c.problems for c in checks if c.unusable)
     if usable:
-        checks += check_records(cp, exchanges, engine)
-    checks.append(check_target(cp, target, exchanges))
+        checks += check_records(session)
+    checks.append(check_target(cp, target, session.exchanges))
     return VerifyReport(cp.uri, checks)
 
 
@@ -188,17 +218,24 @@ def junit_xml(report: VerifyReport) -> str:
     from xml.etree import ElementTree as ET
 
     checks = report.checks
-    suite = ET.Element("testsuite", name="ckpt verify", tests=str(len(checks)),
-                       failures=str(sum(c.status == "failed" for c in checks)),
-                       skipped=str(sum(c.status == "skipped" for c in checks)))
+    suite = ET.Element(
+        "testsuite",
+        name="ckpt verify",
+        tests=str(len(checks)),
+        failures=str(sum(c.status == "failed" for c in checks)),
+        skipped=str(sum(c.status == "skipped" for c in checks)),
+    )
     ET.SubElement(ET.SubElement(suite, "properties"), "property", name="checkpoint", value=report.checkpoint)
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname="ckpt.verify", name=check.name)
         if not check.ran:
             ET.SubElement(case, "skipped", message="needs --plan/--schema (or --target-parallelism)")
         for problem in check.problems:
-            where = ", ".join(f"{k} {v}" for k, v in (("operator", problem.operator), ("subtask", problem.subtask),
-                                                        ("channel", problem.channel)) if v is not None)
+            where = ", ".join(
+                f"{k} {v}"
+                for k, v in (("operator", problem.operator), ("subtask", problem.subtask), ("channel", problem.channel))
+                if v is not None
+            )
             failure = ET.SubElement(case, "failure", message=problem.message, type=check.name)
             failure.text = f"{problem.message} ({where})" if where else problem.message
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

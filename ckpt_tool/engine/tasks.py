@@ -1,0 +1,230 @@
+"""The units of work an engine runs: plain-data tasks and the functions that do them.
+
+A task names where its buffers are (file URIs and offsets, or inline bytes), so that a worker
+needs neither the metadata nor the driver. Its function reads through the one channel-state
+reader, computes with the records layer, writes through the one channel-state writer, and
+returns small figures.
+
+- ``scan_channel``: one logical channel u -> d of an exchange; its figures.
+- ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
+  with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
+  subtask (a handle's buffers may lie anywhere in its file). No record crosses tasks, so there
+  is no shuffle, and a task holds one upstream subtask's channels at a time.
+- ``read_back``: a written file, read through the new metadata's handles: each handle's records
+  counted and digested, and every byte of the file referenced exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import groupby
+from typing import Any, Optional
+
+from ckpt_tool.flink.channel_state import (
+    HEADER,
+    POINTWISE_PARTITIONERS,
+    BufferSource,
+    ChannelStateReader,
+    logical_channels,
+    write_channel_state_file,
+)
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.records import _framing
+from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
+from ckpt_tool.records.keys import key_group_range
+from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
+from ckpt_tool.records.scan import ChannelScan, scan_records
+from ckpt_tool.records.schema import Exchange
+from ckpt_tool.storage import io_for, join
+
+
+@dataclass
+class ChannelTask:
+    """One logical channel u -> d of exchange ``exchange_index``: where its buffers are."""
+
+    exchange_index: int
+    upstream_subtask: int
+    downstream_subtask: int
+    max_parallelism: int
+    parallelism: int
+    inputs: list[BufferSource]
+    outputs: list[BufferSource]
+
+
+def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
+    tasks = []
+    metadata = checkpoint.metadata
+    for index, exchange in enumerate(exchanges):
+        downstream = metadata.operator(exchange.downstream_id)
+        upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
+        pointwise = exchange.partitioner in POINTWISE_PARTITIONERS
+        for channel in logical_channels(upstream, downstream, exchange.gate, exchange.partition, pointwise):
+            tasks.append(
+                ChannelTask(
+                    index,
+                    channel.upstream_subtask,
+                    channel.downstream_subtask,
+                    downstream.max_parallelism,
+                    downstream.parallelism,
+                    [BufferSource.of(checkpoint, h) for h in channel.input_handles],
+                    [BufferSource.of(checkpoint, h) for h in channel.output_handles],
+                )
+            )
+    return tasks
+
+
+def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
+    """The channel's stitched elements: its input side, then its output side."""
+    return frame_channel(b"".join([reader.payload(source) for source in task.inputs + task.outputs]))
+
+
+def key_groups_of(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
+    return KeyGroups(exchange, max_parallelism) if exchange.keyed else None
+
+
+def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset()) -> ChannelScan:
+    """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
+    _framing.reuse_memory()
+    with ChannelStateReader() as reader:
+        records = read_channel(reader, task)
+    scan = ChannelScan(
+        task.exchange_index,
+        task.upstream_subtask,
+        task.downstream_subtask,
+        sum(len(s.offsets) for s in task.inputs),
+        sum(len(s.offsets) for s in task.outputs),
+    )
+    owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
+    return scan_records(scan, records, key_groups_of(exchange, task.max_parallelism), owned, suspects)
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+
+def inflight_file_name(downstream_id: str, gate: int, channel: int) -> str:
+    return f"ckpt-inflight-{downstream_id}-{gate}-{channel}"
+
+
+@dataclass
+class RouteTask:
+    """New input channel ``new_channel`` of an exchange: the old channels that feed it, in
+    (upstream, downstream) order, and the file to write."""
+
+    exchange_index: int
+    new_channel: int
+    channels: list[ChannelTask]
+    file_name: str
+
+
+@dataclass
+class PlacedChannel:
+    """Channel ``new_channel`` of one new subtask in a written file: its buffers' offsets, the
+    handle's state size, and the records routed into it with a digest of their bytes."""
+
+    offsets: list[int]
+    size: int
+    records: int
+    digest: bytes
+
+
+@dataclass
+class RoutedFile:
+    """What a route task wrote: per new downstream subtask, its channel ``new_channel``."""
+
+    exchange_index: int
+    new_channel: int
+    file_name: str
+    file_size: int = 0
+    placed: dict[int, PlacedChannel] = field(default_factory=dict)
+    counters: RouteCounters = field(default_factory=RouteCounters)
+
+
+def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[RouteTask]:
+    """Group old channels by the new channel they feed."""
+    grouped: dict[tuple[int, int], list[ChannelTask]] = {}
+    for task in channels:
+        c = task.upstream_subtask % specs[task.exchange_index].new_upstream_parallelism
+        grouped.setdefault((task.exchange_index, c), []).append(task)
+    return [
+        RouteTask(
+            index,
+            c,
+            sorted(tasks, key=lambda t: (t.upstream_subtask, t.downstream_subtask)),
+            inflight_file_name(specs[index].exchange.downstream_id, specs[index].exchange.gate, c),
+        )
+        for (index, c), tasks in sorted(grouped.items())
+    ]
+
+
+def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
+    """Route the task's records and write its channel-state file under ``dst``."""
+    _framing.reuse_memory()
+    result = RoutedFile(task.exchange_index, task.new_channel, task.file_name)
+    keys = key_groups_of(spec.exchange, spec.max_parallelism)
+    records: Counter = Counter()
+    digests: dict[int, Any] = {}  # hashlib digests in progress, by target
+    with ChannelStateReader() as reader:
+
+        def pieces():
+            for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
+                decoded = [(t.downstream_subtask, read_channel(reader, t)) for t in same_upstream]
+                for target, framed, count in route_upstream(decoded, spec, keys, result.counters):
+                    records[target] += count
+                    digests.setdefault(target, hashlib.blake2b(digest_size=16)).update(framed)
+                    yield target, framed
+
+        writer = write_channel_state_file(io_for(dst), join(dst, task.file_name), pieces())
+    result.file_size = writer.size
+    result.placed = {
+        target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
+        for target, p in writer.placements.items()
+    }
+    return result
+
+
+# --- reading back -------------------------------------------------------------------------------
+
+
+@dataclass
+class ReadBack:
+    """One new channel handle read back: which, how many records, and their digest."""
+
+    key: tuple
+    records: int
+    digest: bytes
+    trailing_bytes: int
+
+
+@dataclass
+class ReadBackTask:
+    """A written channel-state file and the handles the new metadata holds into it."""
+
+    name: str
+    location: str
+    size: int
+    handles: list[tuple[tuple, list[int]]]  # (key, buffer offsets)
+
+
+def read_back(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
+    """Read a written file's handles as Flink will: count and digest each handle's records, and
+    check that its buffers and nothing else fill the file. Returns (name, problem, read-backs)."""
+    backs, extents = [], []
+    with ChannelStateReader() as reader:
+        for key, offsets in task.handles:
+            stream, lengths = reader.payload_and_lengths(BufferSource(task.location, None, None, offsets))
+            extents += [(offset, 4 + length) for offset, length in zip(offsets, lengths)]
+            records = frame_channel(stream)
+            whole = stream[: len(stream) - records.trailing]
+            digest = hashlib.blake2b(whole, digest_size=16).digest()
+            backs.append(ReadBack(key, int(records.is_record.sum()), digest, records.trailing))
+    position = len(HEADER)
+    for offset, extent in sorted(extents):
+        if offset != position:
+            what = "referenced twice" if offset < position else "not referenced by any handle"
+            return task.name, f"bytes {min(offset, position)} to {max(offset, position)} are {what}", backs
+        position += extent
+    if position != task.size:
+        return task.name, f"bytes {position} to {task.size} are not referenced by any handle", backs
+    return task.name, None, backs

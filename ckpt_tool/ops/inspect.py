@@ -1,0 +1,281 @@
+"""``ckpt inspect``: what a checkpoint holds, as a typed report (``as_dict`` is the stable ``--json``).
+
+Without a schema or plan only ``_metadata`` is read. Channel-state ``bytes`` are buffer payloads
+without their 4-byte length fields. With a schema and/or plan, the records of every described
+exchange are scanned on the session's engine.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.javaser import read_java_object
+from ckpt_tool.flink.metadata import iter_stream_handles
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    ByteStreamHandle,
+    ChangelogBackendHandle,
+    IncrementalKeyedHandle,
+    KeyGroupsHandle,
+    OperatorState,
+)
+from ckpt_tool.session import Session
+
+# Metadata v3-v6 store no upstream output-buffer state of their own: Flink 2.3 builds it at
+# restore time from the upstream's output state (recover-output-on-downstream), so on disk it is
+# always empty. The key stays in the output so that readers can rely on all three directions.
+UPSTREAM_OUTPUT = "upstream_output"
+SMALL_FILE_BYTES = 128 * 1024
+
+
+@dataclass
+class BufferTotals:
+    buffers: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class ChannelSummary:
+    """One channel handle: input (gate, channel) or output (partition, subpartition)."""
+
+    direction: str
+    info: tuple[int, int]
+    buffers: int
+    bytes: int
+    file: Optional[str]  # None for inline data
+
+    def as_dict(self) -> dict:
+        first, second = ("gate", "channel") if self.direction == INPUT else ("partition", "subpartition")
+        return {
+            "direction": self.direction,
+            first: self.info[0],
+            second: self.info[1],
+            "buffers": self.buffers,
+            "bytes": self.bytes,
+            "file": self.file,
+        }
+
+
+@dataclass
+class SubtaskSummary:
+    index: int
+    finished: bool
+    channels: list[ChannelSummary]
+
+
+@dataclass
+class StateSizes:
+    keyed: int
+    operator: int
+    channel: int
+
+
+@dataclass
+class OperatorSummary:
+    id: str
+    uid: Optional[str]
+    name: Optional[str]
+    parallelism: int
+    max_parallelism: int
+    finished: str
+    channel_state: dict[str, BufferTotals]  # input, output, upstream_output
+    state_size: StateSizes
+    subtasks: list[SubtaskSummary]
+
+    @property
+    def label(self) -> str:
+        return self.name or self.uid or self.id[:8]
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "uid": self.uid,
+            "name": self.name,
+            "parallelism": self.parallelism,
+            "max_parallelism": self.max_parallelism,
+            "finished": self.finished,
+            "channel_state": {k: asdict(v) for k, v in self.channel_state.items()},
+            "state_size": asdict(self.state_size),
+            "subtasks": [
+                {"index": s.index, "finished": s.finished, "channels": [c.as_dict() for c in s.channels]} for s in self.subtasks
+            ],
+        }
+
+
+@dataclass
+class FilesSummary:
+    """Files the metadata references (sizes as recorded), inline state, and shared channel files."""
+
+    count: int
+    bytes: int
+    min_bytes: int
+    median_bytes: int
+    max_bytes: int
+    small_files: int
+    small_file_limit_bytes: int
+    inline_bytes: int
+    channel_state_files: int
+    shared_channel_state_files: list[tuple[str, int]]  # (file, subtasks holding data in it)
+
+    def as_dict(self) -> dict:
+        result = asdict(self)
+        result["shared_channel_state_files"] = [{"file": f, "subtasks": n} for f, n in self.shared_channel_state_files]
+        return result
+
+
+@dataclass
+class MasterStateSummary:
+    name: str
+    version: int
+    bytes: int
+
+
+@dataclass
+class InspectReport:
+    checkpoint_id: int
+    metadata_version: int
+    properties: Optional[dict]
+    master_states: list[MasterStateSummary]
+    operators: list[OperatorSummary]
+    files: FilesSummary
+    engine: Optional[str] = None  # set when records were scanned
+    exchanges: Optional[list[ExchangeScan]] = field(default=None)
+
+    def as_dict(self) -> dict:
+        result: dict[str, Any] = {
+            "checkpoint_id": self.checkpoint_id,
+            "metadata_version": self.metadata_version,
+            "properties": self.properties,
+            "master_states": [asdict(m) for m in self.master_states],
+            "operators": [o.as_dict() for o in self.operators],
+            "files": self.files.as_dict(),
+        }
+        if self.exchanges is not None:
+            result["engine"] = self.engine
+            result["exchanges"] = [e.as_dict() for e in self.exchanges]
+        return result
+
+
+def _channel_totals(op: OperatorState, direction: str) -> BufferTotals:
+    handles = [h for s in op.subtasks for h in s.channel_handles(direction)]
+    return BufferTotals(sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles))
+
+
+def _keyed_size(handle) -> int:
+    if handle is None:
+        return 0
+    if isinstance(handle, KeyGroupsHandle):
+        return handle.delegate.size if handle.delegate else 0
+    if isinstance(handle, IncrementalKeyedHandle):
+        parts = [handle.meta] + [p.handle for p in handle.shared + handle.private]
+        return sum(p.size for p in parts if p is not None)
+    if isinstance(handle, ChangelogBackendHandle):
+        return sum(_keyed_size(h) for h in handle.materialized + handle.non_materialized)
+    return getattr(handle, "state_size", 0)
+
+
+def _state_sizes(op: OperatorState) -> StateSizes:
+    live = [s for s in op.subtasks if not s.finished]
+    return StateSizes(
+        sum(_keyed_size(s.managed_keyed) + _keyed_size(s.raw_keyed) for s in live),
+        sum(h.delegate.size for s in live for h in (s.managed_operator, s.raw_operator) if h and h.delegate),
+        sum(h.state_size for s in live for h in s.input_channels + s.output_channels),
+    )
+
+
+def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSummary:
+    subtasks = [
+        SubtaskSummary(
+            s.index,
+            s.finished,
+            [
+                ChannelSummary(direction, h.info, h.buffer_count, h.payload_bytes, checkpoint.location(h.delegate))
+                for direction in (INPUT, OUTPUT)
+                for h in s.channel_handles(direction)
+            ],
+        )
+        for s in op.subtasks
+    ]
+    return OperatorSummary(
+        op.id_hex,
+        op.uid,
+        op.name,
+        op.parallelism,
+        op.max_parallelism,
+        op.finished,
+        {INPUT: _channel_totals(op, INPUT), OUTPUT: _channel_totals(op, OUTPUT), UPSTREAM_OUTPUT: BufferTotals()},
+        _state_sizes(op),
+        subtasks,
+    )
+
+
+def files_summary(checkpoint: Checkpoint) -> FilesSummary:
+    sizes: dict[str, int] = {}
+    inline = 0
+    for handle in iter_stream_handles(checkpoint.metadata):
+        location = checkpoint.location(handle)
+        if location is None:
+            inline += handle.size if isinstance(handle, ByteStreamHandle) else 0
+        else:
+            sizes[location] = max(sizes.get(location, 0), handle.size)
+    owners: dict[str, set] = defaultdict(set)
+    for op in checkpoint.metadata.operators:
+        for s in op.subtasks:
+            for h in s.input_channels + s.output_channels:
+                location = checkpoint.location(h.delegate)
+                if location:
+                    owners[location].add((op.id_hex, s.index))
+    values = sorted(sizes.values())
+    return FilesSummary(
+        count=len(values),
+        bytes=sum(values),
+        min_bytes=values[0] if values else 0,
+        median_bytes=int(statistics.median(values)) if values else 0,
+        max_bytes=values[-1] if values else 0,
+        small_files=sum(v < SMALL_FILE_BYTES for v in values),
+        small_file_limit_bytes=SMALL_FILE_BYTES,
+        inline_bytes=inline,
+        channel_state_files=len(owners),
+        shared_channel_state_files=[(f, len(o)) for f, o in sorted(owners.items()) if len(o) > 1],
+    )
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def properties_summary(raw: bytes | None) -> dict | None:
+    """CheckpointProperties (metadata v4+) with snake_case keys; None for older versions."""
+    if raw is None:
+        return None
+    decoded = read_java_object(raw)
+    snapshot_type = decoded.get("checkpointType") or {}
+    summary: dict[str, Any] = {_snake(k): v for k, v in decoded.items() if isinstance(v, bool)}
+    summary["checkpoint_type"] = snapshot_type.get("name")
+    summary["sharing_files_strategy"] = snapshot_type.get("sharingFilesStrategy")
+    return summary
+
+
+def inspect(session: Session) -> InspectReport:
+    """The checkpoint's contents; with exchanges described, their records scanned too."""
+    checkpoint = session.checkpoint
+    md = checkpoint.metadata
+    report = InspectReport(
+        md.checkpoint_id,
+        md.version,
+        properties_summary(md.properties),
+        [MasterStateSummary(m.name, m.version, len(m.payload)) for m in md.master_states],
+        [operator_summary(checkpoint, op) for op in md.operators],
+        files_summary(checkpoint),
+    )
+    if session.exchanges is not None:
+        report.engine = session.engine_name
+        report.exchanges = scan_exchanges(checkpoint, session.exchanges, session.engine, session.progress)
+    return report

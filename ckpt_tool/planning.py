@@ -1,0 +1,135 @@
+"""Planning a rewrite: the new parallelism of every operator, and which exchanges' in-flight data
+is rerouted or dropped. What cannot be carried to the new layout is refused here, before
+anything is read or written.
+
+1. New parallelism per operator: ``--parallelism N`` for the operators at the job's parallelism
+   (the most common one), ``--operator REF=N`` for any operator; N at most the max parallelism.
+2. In-flight data of every exchange whose upstream or downstream parallelism changes is rerouted
+   (a repair also reroutes every keyed exchange, and drops what flows into chosen operators);
+   exchanges whose parallelism does not change keep their channel state as it is.
+3. Refused: in-flight data on FORWARD, BROADCAST, CUSTOM or unknown exchanges whose parallelism
+   changes, partially finished operators, N above max parallelism.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata
+from ckpt_tool.records.schema import Exchange
+
+REDISTRIBUTABLE = ("HASH", "REBALANCE", "RESCALE")
+
+
+class RescaleError(CkptError):
+    """A rewrite that would not restore correctly, refused with the reason."""
+
+
+@dataclass
+class RescalePlan:
+    old: dict[str, int]
+    new: dict[str, int]
+    exchanges: list[Exchange]
+    rescaled: list[int]  # indexes into exchanges whose in-flight data is rerouted
+    dropped: list[int] = field(default_factory=list)  # indexes of exchanges whose in-flight data is dropped
+
+    def changes(self, op_id: str) -> bool:
+        return self.old[op_id] != self.new[op_id]
+
+    def new_sender_parallelism(self, exchange: Exchange) -> int:
+        """The new parallelism of a rerouted exchange's sender (rerouted exchanges have one)."""
+        if exchange.upstream_id is None:
+            raise RescaleError(f"exchange into {exchange.downstream_id}: the sending operator is unknown")
+        return self.new[exchange.upstream_id]
+
+
+def plan_rescale(
+    metadata: CheckpointMetadata, parallelism: Optional[int], overrides: dict[str, int], exchanges: list[Exchange]
+) -> RescalePlan:
+    old = {op.id_hex: op.parallelism for op in metadata.operators}
+    job_parallelism = Counter(old.values()).most_common(1)[0][0] if old else 1
+    new = {op_id: (parallelism if parallelism and p == job_parallelism else p) for op_id, p in old.items()}
+    for ref, value in overrides.items():
+        try:
+            new[metadata.operator(ref).id_hex] = value
+        except KeyError:
+            raise RescaleError(f"--operator {ref}: no such operator (use its uid, name or id)") from None
+    for op in metadata.operators:
+        label = op.label
+        if new[op.id_hex] < 1:
+            raise RescaleError(f"operator {label}: parallelism must be at least 1")
+        if new[op.id_hex] > op.max_parallelism:
+            raise RescaleError(
+                f"operator {label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
+            )
+        if new[op.id_hex] != op.parallelism and op.finished == "partial":
+            raise RescaleError(f"operator {label} is partially finished (FLIP-147); Flink cannot rescale it")
+    plan = RescalePlan(old, new, exchanges, [])
+    _check_channel_state(metadata, plan)
+    return plan
+
+
+def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: list[str]) -> RescalePlan:
+    """Same parallelism; keyed exchanges rerouted (replicas kept once, misplaced records moved to
+    the subtask owning their key group); exchanges into the ``drop`` operators lose their data."""
+    same = {op.id_hex: op.parallelism for op in metadata.operators}
+    dropped_ids = set()
+    for ref in drop:
+        try:
+            dropped_ids.add(metadata.operator(ref).id_hex)
+        except KeyError:
+            raise RescaleError(f"--drop-in-flight {ref}: no such operator (use its uid, name or id)") from None
+    plan = RescalePlan(same, dict(same), exchanges, [])
+    plan.dropped = [i for i, e in enumerate(exchanges) if e.downstream_id in dropped_ids]
+    covered = {exchanges[i].downstream_id for i in plan.dropped}
+    for op in metadata.operators:
+        if op.id_hex in dropped_ids and op.id_hex not in covered and any(s.channel_handles(INPUT) for s in op.subtasks):
+            raise RescaleError(f"--drop-in-flight {op.label}: no exchange in --plan/--schema leads into it")
+    _check_channel_state(metadata, plan, reroute_keyed=True)
+    return plan
+
+
+def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
+    """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
+    known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
+    known_outputs = {(e.upstream_id, e.partition): i for i, e in enumerate(plan.exchanges) if e.upstream_id}
+    holding: set[int] = set()
+    for op in metadata.operators:
+        for direction, known in ((INPUT, known_inputs), (OUTPUT, known_outputs)):
+            for s in op.subtasks:
+                for handle in s.channel_handles(direction):
+                    if not handle.offsets:
+                        continue
+                    index = known.get((op.id_hex, handle.info[0]))
+                    if index is None:
+                        if plan.changes(op.id_hex):
+                            side = "input gate" if direction == INPUT else "output partition"
+                            raise RescaleError(
+                                f"operator {op.label} has in-flight data on {side} {handle.info[0]} "
+                                "that no exchange in --plan/--schema describes"
+                            )
+                        continue
+                    holding.add(index)
+    for index, exchange in enumerate(plan.exchanges):
+        up = exchange.upstream_id
+        changes = plan.changes(exchange.downstream_id) or (up is not None and plan.changes(up))
+        if index in plan.dropped or index not in holding or not (changes or (reroute_keyed and exchange.keyed)):
+            continue
+        label = f"{metadata.exchange_label(up, exchange.downstream_id)} (gate {exchange.gate})"
+        if up is None:
+            raise RescaleError(f"exchange {label}: the sending operator is unknown; name it in --schema")
+        partitioner = exchange.partitioner or ("HASH" if exchange.keyed else None)
+        if partitioner == "HASH" and not exchange.keyed:
+            raise RescaleError(f"exchange {label} is keyed but --schema gives no record type and key for it")
+        if partitioner not in REDISTRIBUTABLE:
+            reason = {
+                "FORWARD": "a forward exchange pairs subtasks one to one",
+                "BROADCAST": "a broadcast exchange sends every record to every subtask",
+                "CUSTOM": "a custom partitioner's choice cannot be repeated offline",
+                None: "its partitioner is unknown (pass --plan or name it in --schema)",
+            }.get(partitioner, f"its partitioner {partitioner} keeps no rescalable order")
+            raise RescaleError(f"exchange {label} holds in-flight data and its parallelism changes, but {reason}")
+        plan.rescaled.append(index)

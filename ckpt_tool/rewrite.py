@@ -1,0 +1,406 @@
+"""Writing a checkpoint for a plan: what ``rescale`` and ``repair`` share.
+
+Keyed and operator state are reassigned as Flink's StateAssignmentOperation would (ckpt_tool.assign),
+the in-flight records of the plan's rerouted exchanges are routed on the session's engine
+(ckpt_tool.engine.tasks), and before ``_metadata`` is written the output proves itself: every
+channel a route task wrote is read back through the handles the new metadata holds, and its
+records (count and digest) must equal the records routed into it, every byte of every written
+file must be referenced exactly once, and every new subtask that received in-flight data must
+hold its handles. Any mismatch stops the run before ``_metadata`` exists (exit code 3).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from ckpt_tool.assign.keyed import merge_key_groups, reassign_keyed
+from ckpt_tool.assign.operator_state import reassign_operator_state
+from ckpt_tool.engine.tasks import (
+    ReadBack,
+    ReadBackTask,
+    RoutedFile,
+    channel_tasks,
+    read_back,
+    route_task,
+    route_tasks,
+)
+from ckpt_tool.errors import EXIT_INTERNAL, CkptError
+from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
+from ckpt_tool.flink.channel_state import BufferSource
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState, RelativeFileHandle, SubtaskState
+from ckpt_tool.planning import RescalePlan
+from ckpt_tool.records.route import RouteSpec
+from ckpt_tool.session import Session
+from ckpt_tool.storage import join, normalize_uri
+from ckpt_tool.writer import check_destination, fresh_destination, write_checkpoint
+
+CHANGELOG_HANDLE_SINCE = 4  # metadata version (Flink 1.16) that can hold ckpt's changelog handle
+
+
+class OutputVerificationError(CkptError):
+    """The written output does not hold what was routed into it (a bug: nothing is published)."""
+
+    exit_code = EXIT_INTERNAL
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _ratio(out: int, into: int) -> float:
+    return round(out / into, 4) if into else 1.0
+
+
+@dataclass
+class OperatorChange:
+    id: str
+    uid: Optional[str]
+    name: Optional[str]
+    parallelism: tuple[int, int]
+
+
+@dataclass
+class ExchangeFigures:
+    """One rerouted exchange: records read from the old channels and read back from the new."""
+
+    upstream: Optional[str]
+    downstream: str
+    name: str
+    gate: int
+    partitioner: str
+    records_in: int = 0
+    records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    replicas_found: int = 0
+    replicas_removed: int = 0
+    non_records_dropped: int = 0
+    channels_written: int = 0
+
+    @property
+    def inflation(self) -> float:
+        return _ratio(self.records_out, self.records_in - self.replicas_removed)
+
+
+@dataclass
+class DroppedFigures:
+    """Exactly what dropping one exchange's in-flight data removes."""
+
+    upstream: Optional[str]
+    downstream: str
+    name: str
+    gate: int
+    buffers: int
+    bytes: int
+    records: int
+    watermarks: int
+    other_elements: int
+
+
+@dataclass
+class RescaleReport:
+    dry_run: bool
+    operators: list[OperatorChange] = field(default_factory=list)
+    exchanges: list[ExchangeFigures] = field(default_factory=list)
+    dropped: list[DroppedFigures] = field(default_factory=list)
+    files_written: int = 0
+
+    @property
+    def records_in(self) -> int:
+        return sum(e.records_in for e in self.exchanges)
+
+    @property
+    def records_out(self) -> int:
+        return sum(e.records_out for e in self.exchanges)
+
+    @property
+    def replicas_removed(self) -> int:
+        return sum(e.replicas_removed for e in self.exchanges)
+
+    @property
+    def inflation(self) -> float:
+        return _ratio(self.records_out, self.records_in - self.replicas_removed)
+
+    def as_dict(self) -> dict:
+        return {
+            "dry_run": self.dry_run,
+            "operators": [{**asdict(o), "parallelism": list(o.parallelism)} for o in self.operators],
+            "exchanges": [{**asdict(e), "inflation": e.inflation} for e in self.exchanges],
+            "records_in": self.records_in,
+            "records_out": self.records_out,
+            "replicas_removed": self.replicas_removed,
+            "inflation": self.inflation,
+            "dropped": [asdict(d) for d in self.dropped],
+            "files_written": self.files_written,
+        }
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+def _reassign_operator(
+    source: Checkpoint, op: OperatorState, new_parallelism: int, files: dict[str, bytes]
+) -> list[SubtaskState]:
+    live = [s for s in op.subtasks if not s.finished]
+    keyed = {}
+    for field_name in ("managed_keyed", "raw_keyed"):
+        merge = None
+        if source.metadata.version < CHANGELOG_HANDLE_SINCE:
+            read = _memo(source.handle_bytes)
+
+            def merge(parts, wanted, index, field_name=field_name, read=read):
+                name = f"ckpt-{field_name}-{op.id_hex}-{index}"
+                handle, data = merge_key_groups(parts, wanted, read, name)
+                files[name] = data
+                return handle
+
+        keyed[field_name] = reassign_keyed(
+            [getattr(s, field_name) for s in live],
+            op.max_parallelism,
+            new_parallelism,
+            source.metadata.checkpoint_id,
+            merge,
+        )
+    operator = {}
+    for field_name in ("managed_operator", "raw_operator"):
+        handles, new_files = reassign_operator_state(
+            source, [getattr(s, field_name) for s in live], new_parallelism, f"ckpt-{field_name}-{op.id_hex}"
+        )
+        operator[field_name] = handles
+        files.update(new_files)
+    return [
+        SubtaskState(
+            index,
+            managed_keyed=keyed["managed_keyed"][index],
+            raw_keyed=keyed["raw_keyed"][index],
+            managed_operator=operator["managed_operator"][index],
+            raw_operator=operator["raw_operator"][index],
+        )
+        for index in range(new_parallelism)
+    ]
+
+
+def _memo(read):
+    """``read`` of a stream handle, each file read once (key-group files serve several subtasks)."""
+    seen: dict[int, bytes] = {}
+
+    def cached(handle) -> bytes:
+        if id(handle) not in seen:
+            seen[id(handle)] = read(handle)
+        return seen[id(handle)]
+
+    return cached
+
+
+# --- the rewrite --------------------------------------------------------------------------------
+
+
+def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False) -> RescaleReport:
+    """Write the checkpoint ``plan`` describes to ``dst`` (nothing, with ``dry_run``)."""
+    dst = normalize_uri(dst).rstrip("/")
+    if dry_run:
+        check_destination(dst)
+        return _rewrite(session, dst, plan, True)
+    with fresh_destination(dst):
+        return _rewrite(session, dst, plan, False)
+
+
+def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> RescaleReport:
+    source = session.checkpoint
+    metadata = copy.deepcopy(source.metadata)
+    report = RescaleReport(dry_run)
+    rescaled = [plan.exchanges[i] for i in plan.rescaled]
+    replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
+    rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
+    rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
+
+    # state first (the driver's work, while Spark may still be starting), then in-flight records
+    files: dict[str, bytes] = {}
+    kept: dict[tuple[str, int], tuple[list, list]] = {}
+    for op in metadata.operators:
+        for s in op.subtasks:
+            kept[(op.id_hex, s.index)] = (
+                [h for h in s.channel_handles(INPUT) if (op.id_hex, h.info[0]) not in rescaled_inputs],
+                [h for h in s.channel_handles(OUTPUT) if (op.id_hex, h.info[0]) not in rescaled_outputs],
+            )
+        if plan.changes(op.id_hex):
+            new_parallelism = plan.new[op.id_hex]
+            report.operators.append(OperatorChange(op.id_hex, op.uid, op.name, (op.parallelism, new_parallelism)))
+            op.parallelism = new_parallelism
+            if not op.fully_finished:
+                op.subtasks = _reassign_operator(source, op, new_parallelism, files)
+
+    specs = [
+        RouteSpec(
+            exchange,
+            plan.new_sender_parallelism(exchange),
+            plan.new[exchange.downstream_id],
+            source.metadata.operator(exchange.downstream_id).max_parallelism,
+        )
+        for exchange in rescaled
+    ]
+    engine = session.engine
+    if dry_run:  # figures from a scan; nothing is routed or written
+        report.exchanges = [_scanned_figures(scan, metadata) for scan in scan_exchanges(source, rescaled, engine)]
+        report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], session)
+        return report
+    tasks = route_tasks(channel_tasks(source, rescaled), specs)
+    routed: list[RoutedFile] = engine.map(
+        lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
+    )
+    new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
+    for written in routed:
+        exchange = rescaled[written.exchange_index]
+        delegate = RelativeFileHandle(written.file_name, written.file_size)
+        for subtask, placed in written.placed.items():
+            new_inputs[(exchange.downstream_id, subtask)].append(
+                ChannelStateHandle(INPUT, subtask, (exchange.gate, written.new_channel), placed.offsets, placed.size, delegate)
+            )
+    for op in metadata.operators:
+        _give_subtasks_their_inputs(op, new_inputs)
+        for s in op.subtasks:
+            if s.finished:
+                continue
+            inputs, outputs = kept.get((op.id_hex, s.index), ([], []))
+            s.input_channels = inputs + sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
+            s.output_channels = outputs
+
+    read = _verify_output(session, metadata, rescaled, routed, dst)
+    report.exchanges = _routed_figures(rescaled, routed, read, metadata)
+    report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], session)
+    report.files_written = len(routed) + len(files)
+    write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed))
+    return report
+
+
+def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
+    """A new subtask that receives in-flight data gets a subtask state to hold its handles, even
+    where the source metadata had none for it (a stateless operator has no subtask states)."""
+    held = {s.index for s in op.subtasks}
+    for (op_id, subtask), _ in sorted(new_inputs.items()):
+        if op_id == op.id_hex and subtask not in held:
+            op.subtasks.append(SubtaskState(subtask))
+            held.add(subtask)
+    op.subtasks.sort(key=lambda s: s.index)
+
+
+def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> dict:
+    """Read every written channel back through the new metadata's handles; returns the read-back
+    figures by (exchange index, subtask, new channel). Raises OutputVerificationError on any
+    difference from what was routed."""
+    by_file = {r.file_name: r for r in routed}
+    expected = {(r.exchange_index, subtask, r.new_channel): placed for r in routed for subtask, placed in r.placed.items()}
+    index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
+    referenced: dict[tuple, tuple[str, BufferSource]] = {}  # (exchange, subtask, channel) -> file, buffers
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for handle in s.channel_handles(INPUT):
+                exchange_index = index_of.get((op.id_hex, handle.info[0]))
+                delegate = handle.delegate
+                if exchange_index is None or not isinstance(delegate, RelativeFileHandle):
+                    continue
+                if delegate.relative_path not in by_file:
+                    continue
+                key = (exchange_index, s.index, handle.info[1])
+                if key in referenced:
+                    problem = f"two handles for subtask {s.index} channel {handle.info}"
+                    raise _mismatch(metadata, rescaled[exchange_index], problem)
+                location = join(dst, delegate.relative_path)
+                referenced[key] = (delegate.relative_path, BufferSource(location, None, None, list(handle.offsets)))
+    for key in expected.keys() - referenced.keys():
+        raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} holds no handle for new channel {key[2]}")
+    for key in referenced.keys() - expected.keys():
+        raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} references channel {key[2]}, which was not routed")
+    handles: dict[str, list] = defaultdict(list)
+    for key, (name, source) in sorted(referenced.items()):
+        handles[name].append((key, source.offsets))
+    tasks = [ReadBackTask(name, join(dst, name), by_file[name].file_size, items) for name, items in sorted(handles.items())]
+    read: dict[tuple, ReadBack] = {}
+    for name, problem, backs in session.engine.map(read_back, tasks):
+        if problem:
+            raise _mismatch(metadata, rescaled[by_file[name].exchange_index], f"{name}: {problem}")
+        read.update((back.key, back) for back in backs)
+    for key, placed in expected.items():
+        back = read[key]
+        if (back.records, back.digest, back.trailing_bytes) != (placed.records, placed.digest, 0):
+            raise _mismatch(
+                metadata,
+                rescaled[key[0]],
+                f"subtask {key[1]} channel {key[2]} reads back {back.records} records ({back.trailing_bytes} bytes "
+                f"left over), {placed.records} were routed" + ("" if back.records != placed.records else ", bytes differ"),
+            )
+    return read
+
+
+def _mismatch(metadata, exchange, problem: str) -> OutputVerificationError:
+    label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
+    return OutputVerificationError(
+        f"exchange {label} (gate {exchange.gate}): the written output does not hold what was routed: {problem}; "
+        "no _metadata was written"
+    )
+
+
+def _routed_figures(rescaled, routed: list[RoutedFile], read: dict, metadata) -> list[ExchangeFigures]:
+    """Per rerouted exchange: read from the old channels, and read back from the new ones."""
+    result = []
+    for index, exchange in enumerate(rescaled):
+        figures = _figures(exchange, metadata)
+        for r in routed:
+            if r.exchange_index != index:
+                continue
+            counters = r.counters
+            figures.records_in += counters.records_in
+            figures.bytes_in += counters.bytes_in
+            figures.replicas_found += counters.replicas_found
+            figures.replicas_removed += counters.replicas_removed
+            figures.non_records_dropped += counters.non_records_dropped
+            for subtask, placed in r.placed.items():
+                figures.records_out += read[(index, subtask, r.new_channel)].records
+                figures.bytes_out += placed.size - 4 * len(placed.offsets)
+                figures.channels_written += 1
+        result.append(figures)
+    return result
+
+
+def _figures(exchange, metadata) -> ExchangeFigures:
+    return ExchangeFigures(
+        exchange.upstream_id,
+        exchange.downstream_id,
+        metadata.exchange_label(exchange.upstream_id, exchange.downstream_id),
+        exchange.gate,
+        exchange.partitioner or "HASH",
+    )
+
+
+def _scanned_figures(scan: ExchangeScan, metadata) -> ExchangeFigures:
+    """A dry run's figures: what the old channels hold (nothing is routed)."""
+    figures = _figures(scan.exchange, metadata)
+    figures.records_in = scan.total("records")
+    figures.bytes_in = scan.total("bytes")
+    figures.replicas_found = figures.replicas_removed = scan.duplicate_records
+    figures.records_out = figures.records_in - scan.duplicate_records  # an estimate: nothing was routed
+    return figures
+
+
+def _dropped_report(exchanges, session: Session) -> list[DroppedFigures]:
+    """Exactly what dropping these exchanges' in-flight data removes."""
+    if not exchanges:
+        return []
+    metadata = session.metadata
+    return [
+        DroppedFigures(
+            scan.exchange.upstream_id,
+            scan.exchange.downstream_id,
+            metadata.exchange_label(scan.exchange.upstream_id, scan.exchange.downstream_id),
+            scan.exchange.gate,
+            sum(c.input_buffers + c.output_buffers for c in scan.channels),
+            scan.total("bytes"),
+            scan.total("records"),
+            scan.total("watermarks"),
+            scan.total("other_elements"),
+        )
+        for scan in scan_exchanges(session.checkpoint, exchanges, session.engine)
+    ]

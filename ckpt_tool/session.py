@@ -1,0 +1,95 @@
+"""The session every operation works in: one checkpoint, the exchanges a plan and a schema
+describe, and the engine that runs record work.
+
+A session owns its engine: it makes it on first need (``auto`` chooses by the checkpoint's
+in-flight bytes), can start it early in the background, and stops it when the session closes,
+whatever the operation did. Errors that tasks raise come back through the engine as ckpt's own.
+
+    with Session.open(uri, schema=..., plan=...) as session:
+        report = inspect(session)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ckpt_tool.engine import Engine, Progress, make_engine
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import INPUT, OUTPUT
+from ckpt_tool.records.schema import Exchange, load_exchanges
+
+
+@dataclass
+class Session:
+    checkpoint: Checkpoint
+    exchanges: Optional[list[Exchange]] = None  # None: neither a plan nor a schema was given
+    engine_choice: Union[str, Engine] = "auto"  # auto, local, spark, or an engine the caller owns
+    spark_master: Optional[str] = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    progress: Progress = None
+    _engine: Optional[Engine] = field(default=None, repr=False)
+
+    @staticmethod
+    def open(
+        uri: str,
+        schema: Optional[str] = None,
+        plan: Optional[str] = None,
+        engine: Union[str, Engine] = "auto",
+        spark_master: Optional[str] = None,
+        spark_conf: Optional[dict[str, str]] = None,
+        require_files: bool = True,
+    ) -> Session:
+        """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
+        file the metadata references is missing or not its recorded size."""
+        checkpoint = Checkpoint.open(uri)
+        if require_files:
+            checkpoint.require_files()
+        exchanges = load_exchanges(checkpoint.metadata, schema, plan) if (schema or plan) else None
+        return Session(checkpoint, exchanges, engine, spark_master, dict(spark_conf or {}))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def metadata(self):
+        return self.checkpoint.metadata
+
+    @property
+    def described_exchanges(self) -> list[Exchange]:
+        return self.exchanges or []
+
+    def in_flight_bytes(self) -> int:
+        """Channel-state payload bytes, from the metadata alone."""
+        return sum(
+            h.payload_bytes
+            for op in self.metadata.operators
+            for s in op.subtasks
+            for d in (INPUT, OUTPUT)
+            for h in s.channel_handles(d)
+        )
+
+    @property
+    def engine(self) -> Engine:
+        if isinstance(self.engine_choice, Engine):
+            return self.engine_choice
+        if self._engine is None:
+            self._engine = make_engine(self.engine_choice, self.in_flight_bytes(), self.spark_master, self.spark_conf)
+        return self._engine
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    def start_engine(self) -> None:
+        """Let the engine get ready in the background while the driver does its own work."""
+        self.engine.start()
+
+    def close(self) -> None:
+        """Stop the engine the session made (an engine passed in stays its caller's)."""
+        if self._engine is not None:
+            self._engine.stop()
+            self._engine = None

@@ -1,0 +1,94 @@
+"""The one channel-state reader and writer, record framing across buffers, and pointwise links."""
+
+import struct
+
+import pytest
+
+from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.flink.channel_state import (
+    HEADER,
+    BufferSource,
+    ChannelStateReader,
+    ChannelStateWriter,
+    pointwise_channels,
+    write_channel_state_file,
+)
+from ckpt_tool.records.batch import frame_channel
+from ckpt_tool.storage.local import LocalFileIO
+
+
+def frame(*records: bytes) -> bytes:
+    return b"".join(struct.pack(">i", len(r)) + r for r in records)
+
+
+def elements(stream: bytes) -> list[bytes]:
+    records = frame_channel(stream)
+    return [records.element(i) for i in range(len(records.tags))]
+
+
+def test_records_spanning_buffers_and_length_fields():
+    stream = frame(b"\x01a" * 5, b"\x01b", b"\x01" + b"c" * 300)
+    # the stream is whatever the buffers hold, cut anywhere, even inside length fields
+    for cut in range(len(stream) + 1):
+        assert elements(stream[:cut] + stream[cut:]) == [b"\x01a" * 5, b"\x01b", b"\x01" + b"c" * 300]
+
+
+def test_partial_record_is_reported_as_trailing():
+    stream = frame(b"\x01one", b"\x01two")
+    records = frame_channel(stream[:-1])
+    assert len(records.tags) == 1 and records.trailing == len(stream) - 1 - 8
+
+
+def test_writer_cuts_network_buffers_and_places_them(tmp_path):
+    uri = str(tmp_path / "channel-state")
+    pieces = [(0, b"x" * 5), (1, b"y" * 3), (0, b"z" * 4)]
+    writer = write_channel_state_file(LocalFileIO(), uri, pieces, buffer_size=4)
+    data = (tmp_path / "channel-state").read_bytes()
+    assert data[:4] == HEADER and writer.size == len(data)
+    # target 0: "xxxx" at once, then "xzzz"; at the end, in target order, its "z", then target 1's "yyy"
+    assert writer.placements[0].offsets == [4, 12, 20] and writer.placements[1].offsets == [25]
+    assert writer.placements[0].size == 8 + 8 + 5 and writer.placements[1].size == 7
+    reader = ChannelStateReader()
+    assert reader.payload(BufferSource(uri, None, None, writer.placements[0].offsets)) == b"xxxxxzzzz"
+    assert reader.buffers(BufferSource(uri, None, None, writer.placements[1].offsets)) == [b"yyy"]
+    reader.close()
+
+
+def test_writer_streams_in_buffers_of_the_given_size():
+    writer = ChannelStateWriter(buffer_size=3)
+    chunks = list(writer.start()) + list(writer.add(7, b"abcdefg")) + list(writer.finish())
+    assert b"".join(bytes(c) for c in chunks) == HEADER + frame(b"abc", b"def", b"g")
+
+
+def test_reader_refuses_what_flink_never_writes(tmp_path):
+    data = HEADER + frame(b"abc", b"", b"defg")
+    reader = ChannelStateReader()
+    assert reader.payload(BufferSource(None, data, None, [4, 11, 15])) == b"abcdefg"
+    for offsets, message in [
+        ([40], "offset 40 is outside the file"),
+        ([15, 4], "repeats or overlaps"),
+        ([4, 4], "repeats or overlaps"),
+        ([4, 6], "repeats or overlaps"),
+        ([2], "inside the file header"),
+    ]:
+        with pytest.raises(CheckpointFormatError, match=message):
+            reader.payload(BufferSource(None, data, None, offsets))
+    with pytest.raises(CheckpointFormatError, match="runs past the end"):
+        reader.payload(BufferSource(None, data[:-1], None, [15]))
+    with pytest.raises(CheckpointFormatError, match="bad header"):
+        reader.payload(BufferSource(None, b"\x00\x00\x00\x01" + data[4:], None, [4]))
+    (tmp_path / "segments").write_bytes(data)
+    with pytest.raises(CheckpointFormatError, match="segment of 1000000000 bytes at 0 is outside the file"):
+        reader.payload(BufferSource(str(tmp_path / "segments"), None, (0, 10**9), [4]))
+    reader.close()
+
+
+@pytest.mark.parametrize("up, down", [(2, 2), (2, 5), (5, 2), (3, 7), (7, 3), (1, 4), (4, 1)])
+def test_pointwise_links_cover_each_subtask_once(up, down):
+    links = pointwise_channels(up, down)
+    assert {u for u, *_ in links} == set(range(up)) and {d for _, d, *_ in links} == set(range(down))
+    assert len({(d, c) for _, d, c, _ in links}) == len(links) == len({(u, s) for u, _, _, s in links})
+    if up <= down:  # one upstream subtask feeds a contiguous range of consumers through subpartitions 0..
+        assert all(c == 0 for _, _, c, _ in links)
+    else:
+        assert all(s == 0 for *_, s in links)
