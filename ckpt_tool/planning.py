@@ -3,12 +3,19 @@ is rerouted or dropped. What cannot be carried to the new layout is refused here
 anything is read or written.
 
 1. New parallelism per operator: ``--parallelism N`` for the operators at the job's parallelism
-   (the most common one), ``--operator REF=N`` for any operator; N at most the max parallelism.
-2. In-flight data of every exchange whose upstream or downstream parallelism changes is rerouted
-   (a repair also reroutes every keyed exchange, and drops what flows into chosen operators);
-   exchanges whose parallelism does not change keep their channel state as it is.
-3. Refused: in-flight data on FORWARD, BROADCAST, CUSTOM or unknown exchanges whose parallelism
-   changes, partially finished operators, N above max parallelism.
+   (the most common one), ``--operator REF=N`` for any operator (with a plan, for every operator
+   chained with it); N at most the max parallelism.
+2. Edge by edge: the in-flight data of every exchange whose upstream or downstream parallelism
+   changes is rerouted, if its partitioner allows it (HASH by key group, REBALANCE and SHUFFLE
+   round robin, GLOBAL to subtask 0); a repair also reroutes every keyed exchange and drops what
+   flows into chosen operators. Exchanges whose parallelism does not change keep their channel
+   state as it is, and an edge without in-flight data needs nothing, whatever its partitioner.
+3. Refused: in-flight data on FORWARD, RESCALE (pointwise), BROADCAST, CUSTOM or undescribed
+   exchanges whose parallelism changes; N above max parallelism; finished markers (FLIP-147) that
+   Flink would refuse to restore, in the checkpoint or in the one about to be written (Flink's
+   ``VertexFinishedStateChecker``, with Flink's words; needs ``--plan``). A partially finished
+   operator is rescaled as Flink does it: the finished subtasks' (empty) state is dropped and the
+   running subtasks' state is redistributed, so all its new subtasks run.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.finished import finished_state_problem
 from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata
+from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.schema import Exchange
 
-REDISTRIBUTABLE = ("HASH", "REBALANCE", "RESCALE")
+REROUTABLE = ("HASH", "REBALANCE", "SHUFFLE", "GLOBAL")
 
 
 class RescaleError(CkptError):
@@ -47,29 +56,68 @@ class RescalePlan:
 
 
 def plan_rescale(
-    metadata: CheckpointMetadata, parallelism: Optional[int], overrides: dict[str, int], exchanges: list[Exchange]
+    metadata: CheckpointMetadata,
+    parallelism: Optional[int],
+    overrides: dict[str, int],
+    exchanges: list[Exchange],
+    job_plan: Optional[JobPlan] = None,
 ) -> RescalePlan:
     old = {op.id_hex: op.parallelism for op in metadata.operators}
     job_parallelism = Counter(old.values()).most_common(1)[0][0] if old else 1
     new = {op_id: (parallelism if parallelism and p == job_parallelism else p) for op_id, p in old.items()}
-    for ref, value in overrides.items():
-        try:
-            new[metadata.operator(ref).id_hex] = value
-        except KeyError:
-            raise RescaleError(f"--operator {ref}: no such operator (use its uid, name or id)") from None
+    new.update(_overrides(metadata, overrides, job_plan))
     for op in metadata.operators:
-        label = op.label
         if new[op.id_hex] < 1:
-            raise RescaleError(f"operator {label}: parallelism must be at least 1")
+            raise RescaleError(f"operator {op.label}: parallelism must be at least 1")
         if new[op.id_hex] > op.max_parallelism:
             raise RescaleError(
-                f"operator {label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
+                f"operator {op.label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
             )
-        if new[op.id_hex] != op.parallelism and op.finished == "partial":
-            raise RescaleError(f"operator {label} is partially finished (FLIP-147); Flink cannot rescale it")
     plan = RescalePlan(old, new, exchanges, [])
+    _check_finished_markers(metadata, plan, job_plan)
     _check_channel_state(metadata, plan)
     return plan
+
+
+def _overrides(metadata: CheckpointMetadata, overrides: dict[str, int], job_plan: Optional[JobPlan]) -> dict[str, int]:
+    """``--operator REF=N``, applied with a plan to every operator chained with REF (a chain runs
+    at one parallelism)."""
+    result: dict[str, int] = {}
+    named: dict[str, str] = {}
+    for ref, value in overrides.items():
+        try:
+            op_id = metadata.operator(ref).id_hex
+        except KeyError:
+            raise RescaleError(f"--operator {ref}: no such operator (use its uid, name or id)") from None
+        vertex = job_plan.vertex_of(op_id) if job_plan else None
+        for member in vertex.members if vertex else [op_id]:
+            if member in result and result[member] != value:
+                raise RescaleError(
+                    f"--operator {ref}={value} and --operator {named[member]}={result[member]} name operators chained "
+                    "together, which run at one parallelism"
+                )
+            result[member], named[member] = value, ref
+    return result
+
+
+def finished_markers_after(metadata: CheckpointMetadata, plan: RescalePlan) -> dict[str, str]:
+    """Each operator's FLIP-147 marker in the rewritten checkpoint: a partially finished operator
+    whose parallelism changes has only running subtasks afterwards."""
+    return {
+        op.id_hex: ("none" if op.finished == "partial" and plan.changes(op.id_hex) else op.finished) for op in metadata.operators
+    }
+
+
+def _check_finished_markers(metadata: CheckpointMetadata, plan: RescalePlan, job_plan: Optional[JobPlan]) -> None:
+    if job_plan is None:
+        return
+    before = {op.id_hex: op.finished for op in metadata.operators}
+    problem = finished_state_problem(job_plan, before.get)
+    if problem:
+        raise RescaleError(f"Flink would not restore this checkpoint: {problem}")
+    problem = finished_state_problem(job_plan, finished_markers_after(metadata, plan).get)
+    if problem:
+        raise RescaleError(f"Flink would not restore the rescaled checkpoint: {problem}")
 
 
 def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: list[str]) -> RescalePlan:
@@ -90,6 +138,15 @@ def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: l
             raise RescaleError(f"--drop-in-flight {op.label}: no exchange in --plan/--schema leads into it")
     _check_channel_state(metadata, plan, reroute_keyed=True)
     return plan
+
+
+REFUSAL_REASONS = {
+    "FORWARD": "a forward exchange pairs subtasks one to one",
+    "RESCALE": "a rescale exchange pairs subtasks pointwise, by their indexes",
+    "BROADCAST": "a broadcast exchange sends every record to every subtask",
+    "CUSTOM": "a custom partitioner's choice cannot be repeated offline",
+    None: "its partitioner is unknown (pass --plan or name it in --schema)",
+}
 
 
 def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
@@ -124,12 +181,7 @@ def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, rerout
         partitioner = exchange.partitioner or ("HASH" if exchange.keyed else None)
         if partitioner == "HASH" and not exchange.keyed:
             raise RescaleError(f"exchange {label} is keyed but --schema gives no record type and key for it")
-        if partitioner not in REDISTRIBUTABLE:
-            reason = {
-                "FORWARD": "a forward exchange pairs subtasks one to one",
-                "BROADCAST": "a broadcast exchange sends every record to every subtask",
-                "CUSTOM": "a custom partitioner's choice cannot be repeated offline",
-                None: "its partitioner is unknown (pass --plan or name it in --schema)",
-            }.get(partitioner, f"its partitioner {partitioner} keeps no rescalable order")
+        if partitioner not in REROUTABLE:
+            reason = REFUSAL_REASONS.get(partitioner, f"its partitioner {partitioner} keeps no rescalable order")
             raise RescaleError(f"exchange {label} holds in-flight data and its parallelism changes, but {reason}")
         plan.rescaled.append(index)

@@ -239,6 +239,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
             plan.new_sender_parallelism(exchange),
             plan.new[exchange.downstream_id],
             source.metadata.operator(exchange.downstream_id).max_parallelism,
+            f"exchange {metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)} (gate {exchange.gate})",
         )
         for exchange in rescaled
     ]

@@ -17,6 +17,7 @@ from typing import Optional, Union
 from ckpt_tool.engine import Engine, Progress, make_engine
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT
+from ckpt_tool.flink.plan import JobPlan, load_job_plan
 from ckpt_tool.records.schema import Exchange, load_exchanges
 
 
@@ -24,6 +25,7 @@ from ckpt_tool.records.schema import Exchange, load_exchanges
 class Session:
     checkpoint: Checkpoint
     exchanges: Optional[list[Exchange]] = None  # None: neither a plan nor a schema was given
+    plan: Optional[JobPlan] = None
     engine_choice: Union[str, Engine] = "auto"  # auto, local, spark, or an engine the caller owns
     spark_master: Optional[str] = None
     spark_conf: dict[str, str] = field(default_factory=dict)
@@ -45,8 +47,9 @@ class Session:
         checkpoint = Checkpoint.open(uri)
         if require_files:
             checkpoint.require_files()
-        exchanges = load_exchanges(checkpoint.metadata, schema, plan) if (schema or plan) else None
-        return Session(checkpoint, exchanges, engine, spark_master, dict(spark_conf or {}))
+        job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan) if (schema or plan) else None
+        return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}))
 
     def __enter__(self) -> Session:
         return self

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from ckpt_tool.engine import LocalEngine
 from ckpt_tool.exchanges import scan_exchanges
-from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.records.schema import load_exchanges
+from ckpt_tool.session import Session
 
 
 def scan(fixture, engine) -> list[dict]:
-    checkpoint = Checkpoint.open(str(fixture.checkpoint))
-    exchanges = load_exchanges(checkpoint.metadata, fixture.schema, fixture.plan)
-    return [e.as_dict() for e in scan_exchanges(checkpoint, exchanges, engine)]
+    session = Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan)
+    return [e.as_dict() for e in scan_exchanges(session.checkpoint, session.described_exchanges, engine)]
 
 
 def test_records_per_channel_match_flink(fixture):

@@ -13,11 +13,11 @@ from ckpt_tool.flink.channel_state import ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.records.elements import NON_RECORDS
 from ckpt_tool.records.keys import key_group_for_hash
-from ckpt_tool.records.schema import load_exchanges
+from ckpt_tool.session import Session
 
 
 def exchanges_of(fixture, checkpoint):
-    return load_exchanges(checkpoint.metadata, fixture.schema, fixture.plan)
+    return Session.open(checkpoint.uri, fixture.schema, fixture.plan).described_exchanges
 
 
 def test_every_record_matches_flink(fixture):

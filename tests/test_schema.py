@@ -9,8 +9,7 @@ import pytest
 from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.engine import LocalEngine
 from ckpt_tool.exchanges import scan_exchanges
-from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.records.schema import load_exchanges
+from ckpt_tool.session import Session
 
 FIXTURE = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")
 MAIN = "5ff73b99d0669153bf2feac805d152ac"
@@ -24,8 +23,8 @@ def write(tmp_path, text: str) -> str:
 
 
 def summary(schema: str, plan: str | None = None) -> list[dict]:
-    checkpoint = Checkpoint.open(str(FIXTURE.checkpoint))
-    return [e.as_dict() for e in scan_exchanges(checkpoint, load_exchanges(checkpoint.metadata, schema, plan), LocalEngine())]
+    session = Session.open(str(FIXTURE.checkpoint), schema, plan)
+    return [e.as_dict() for e in scan_exchanges(session.checkpoint, session.described_exchanges, LocalEngine())]
 
 
 def test_plugin_gives_the_same_key_groups_as_the_typed_schema(tmp_path):

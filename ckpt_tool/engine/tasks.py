@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Optional
 
+from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.channel_state import (
     HEADER,
-    POINTWISE_PARTITIONERS,
     BufferSource,
     ChannelStateReader,
     logical_channels,
     write_channel_state_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.records import _framing
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
 from ckpt_tool.records.keys import key_group_range
@@ -78,6 +81,27 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
     """The channel's stitched elements: its input side, then its output side."""
     return frame_channel(b"".join([reader.payload(source) for source in task.inputs + task.outputs]))
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """Errors about some channels' data say which (the exchange and the channels)."""
+    try:
+        yield
+    except CkptError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
+
+
+def read_whole_records(reader: ChannelStateReader, task: ChannelTask, label: str) -> ChannelRecords:
+    """A channel that is rewritten must split into whole records: a cut record would be lost."""
+    with naming(f"{label}, channel {task.upstream_subtask} -> {task.downstream_subtask}"):
+        records = read_channel(reader, task)
+        if records.trailing:
+            raise CheckpointFormatError(
+                f"{records.trailing} bytes of a cut record at byte {len(records.data) - records.trailing} "
+                "(the channel's data does not split into whole records)"
+            )
+    return records
 
 
 def key_groups_of(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
@@ -169,11 +193,13 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
 
         def pieces():
             for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
-                decoded = [(t.downstream_subtask, read_channel(reader, t)) for t in same_upstream]
-                for target, framed, count in route_upstream(decoded, spec, keys, result.counters):
-                    records[target] += count
-                    digests.setdefault(target, hashlib.blake2b(digest_size=16)).update(framed)
-                    yield target, framed
+                channels = list(same_upstream)
+                decoded = [(t.downstream_subtask, read_whole_records(reader, t, spec.label)) for t in channels]
+                with naming(f"{spec.label}, channels from upstream subtask {channels[0].upstream_subtask}"):
+                    for target, framed, count in route_upstream(decoded, spec, keys, result.counters):
+                        records[target] += count
+                        digests.setdefault(target, hashlib.blake2b(digest_size=16)).update(framed)
+                        yield target, framed
 
         writer = write_channel_state_file(io_for(dst), join(dst, task.file_name), pieces())
     result.file_size = writer.size

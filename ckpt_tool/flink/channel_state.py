@@ -239,8 +239,6 @@ def write_channel_state_file(
 
 # --- logical channels ---------------------------------------------------------------------------
 
-POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
-
 
 def pointwise_channels(upstream_parallelism: int, downstream_parallelism: int) -> list[tuple[int, int, int, int]]:
     """(u, d, input channel of d, subpartition of u) of a POINTWISE edge, as Flink's

@@ -18,7 +18,9 @@ from ckpt_tool.errors import CkptError
 from ckpt_tool.exchanges import scan_exchanges
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.finished import finished_state_problem
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
+from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.planning import RescaleError, plan_rescale
 from ckpt_tool.session import Session
 
@@ -121,11 +123,13 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     return [buffers, handles, replicas]
 
 
-def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
+def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
         "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
     )
-    finished = CheckResult("finished-markers", "FLIP-147 finished markers are consistent", unusable=True)
+    finished = CheckResult(
+        "finished-markers", "FLIP-147 finished markers are consistent (with --plan: as Flink checks them)", unusable=True
+    )
     for op in cp.metadata.operators:
         if not 1 <= op.parallelism <= op.max_parallelism:
             parallelism.problems.append(
@@ -136,6 +140,10 @@ def check_parallelism_and_finished(cp: Checkpoint) -> list[CheckResult]:
             parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", op.label))
         if op.fully_finished and op.coordinator_state is not None:
             finished.problems.append(Problem("finished-markers", "fully finished but has coordinator state", op.label))
+    markers = {op.id_hex: op.finished for op in cp.metadata.operators}
+    problem = finished_state_problem(plan, markers.get) if plan else None
+    if problem:
+        finished.problems.append(Problem("finished-markers", problem))
     return [parallelism, finished]
 
 
@@ -192,11 +200,11 @@ def check_records(session: Session) -> list[CheckResult]:
     return [framing, placement, duplicates]
 
 
-def check_target(cp: Checkpoint, target: Optional[int], exchanges) -> CheckResult:
+def check_target(session: Session, target: Optional[int]) -> CheckResult:
     result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible", ran=target is not None)
     if target is not None:
         try:
-            plan_rescale(cp.metadata, target, {}, exchanges or [])
+            plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
         except RescaleError as exc:
             result.problems.append(Problem("target-parallelism", str(exc)))
     return result
@@ -205,11 +213,11 @@ def check_target(cp: Checkpoint, target: Optional[int], exchanges) -> CheckResul
 def verify(session: Session, target: Optional[int] = None) -> VerifyReport:
     cp = session.checkpoint
     files = check_files(cp)
-    checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp)]
+    checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp, session.plan)]
     usable = not any(c.problems for c in checks if c.unusable)
     if usable:
         checks += check_records(session)
-    checks.append(check_target(cp, target, session.exchanges))
+    checks.append(check_target(session, target))
     return VerifyReport(cp.uri, checks)
 
 

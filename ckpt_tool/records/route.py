@@ -1,8 +1,9 @@
 """Routing in-flight records to the subtasks of a new parallelism (seed 000 §4.1, offline).
 
 Every record of an old logical channel u -> d (input side of d stitched with output side of u)
-goes to the new downstream subtask that owns its key group (keyed exchanges) or, for rebalance
-and rescale exchanges, to one chosen round robin. It lands in input channel c = u mod N_up of
+goes to the new downstream subtask that owns its key group (HASH), to subtask 0 (GLOBAL, as
+Flink's GlobalPartitioner sends everything there), or to one chosen round robin (REBALANCE,
+SHUFFLE: any subtask is as right as another). It lands in input channel c = u mod N_up of
 the new subtask's gate, after the records of the same old channel that came before it, so the
 order of each old channel is kept. Output-side data is recovered on the downstream side
 (seed 000 §4.2): the new checkpoint holds only input-channel state for rescaled exchanges.
@@ -37,6 +38,7 @@ class RouteSpec:
     new_upstream_parallelism: int
     new_downstream_parallelism: int
     max_parallelism: int
+    label: str = ""  # how messages name the exchange
 
 
 @dataclass
@@ -67,6 +69,8 @@ def route_upstream(
             )
             if drop is not None:
                 targets[drop] = -1
+        elif spec.exchange.partitioner == "GLOBAL":
+            targets = np.where(is_record, 0, -1)
         else:
             sequence = np.arange(len(is_record))
             targets = np.where(is_record, (downstream + sequence) % spec.new_downstream_parallelism, -1)

@@ -18,27 +18,25 @@ Schema file::
     # decoder = "my_module:key_of" # instead of type/key: a function(value: bytes) -> int key hash,
     #                               # or (int key hash, printable key)
 
-The plan is Flink's REST ``/jobs/<id>/plan`` JSON: its nodes are job vertices whose ids are the
-ids of their head operators; each input names the upstream vertex, its number (the gate) and its
-ship strategy (the partitioner).
+A plan (Flink's REST ``/jobs/<id>/plan``, read by ckpt_tool.flink.plan) gives one exchange per
+input of every vertex: the producing vertex's tail operator, the gate and the partitioner.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.flink.model import CheckpointMetadata
+from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.keys import binary_row_hash, java_hash
 from ckpt_tool.records.types import DataType, build_binary_row, parse_type, to_json
 
-PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "BROADCAST", "CUSTOM", "GLOBAL")
+PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "SHUFFLE", "GLOBAL", "BROADCAST", "CUSTOM")
 
 
 class SchemaError(CkptError):
@@ -165,82 +163,19 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
     return exchanges
 
 
-def _chain_names(description: str) -> list[str]:
-    return [re.sub(r"^[\s+\-]*", "", part).strip() for part in description.split("<br/>") if part.strip()]
-
-
-def _output_fits(op: OperatorState, parallelism: int, downstream_parallelism: int) -> bool:
-    """Could ``op`` be the tail of a vertex of ``parallelism`` feeding ``downstream_parallelism``?"""
-    if op.parallelism != parallelism:
-        return False
-    subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT)]
-    return bool(subpartitions) and max(subpartitions) < downstream_parallelism
-
-
-def _tails(plan: dict, metadata: CheckpointMetadata) -> dict[str, Optional[str]]:
-    """The id of the last operator of each plan node's chain, where it can be told.
-
-    By name where the metadata has names (v5+); else a node whose chain is one operator is its
-    own tail; else, among the operators with output state, the one that alone fits the node
-    (same parallelism, subpartitions within every downstream's parallelism) once the others
-    are placed. Unknown tails stay None.
-    """
-    nodes = {node["id"]: node for node in plan["nodes"]}
-    consumers: dict[str, list[int]] = {}
-    for node in plan["nodes"]:
-        for edge in node.get("inputs", []):
-            consumers.setdefault(edge["id"], []).append(int(node.get("parallelism", 0)))
-    tails: dict[str, Optional[str]] = {}
-    for node_id, node in nodes.items():
-        names = _chain_names(node.get("description", ""))
-        by_name = [op.id_hex for op in metadata.operators if names and op.name == names[-1]]
-        if by_name:
-            tails[node_id] = by_name[0]
-        elif len(names) <= 1 and any(op.id_hex == node_id for op in metadata.operators):
-            tails[node_id] = node_id
-        else:
-            tails[node_id] = None
-    progress = True
-    while progress:
-        progress = False
-        taken = {t for t in tails.values() if t}
-        for node_id, tail in tails.items():
-            if tail or node_id not in consumers:
-                continue
-            fits = [
-                op.id_hex
-                for op in metadata.operators
-                if op.id_hex not in taken
-                and (op.id_hex == node_id or op.id_hex not in nodes)
-                and _output_fits(op, int(nodes[node_id].get("parallelism", 0)), min(consumers[node_id]))
-            ]
-            if len(fits) == 1:
-                tails[node_id] = fits[0]
-                progress = True
-                break
-    return tails
-
-
-def load_plan(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-        tails = _tails(plan, metadata)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SchemaError(f"cannot read plan {path}: {exc}") from exc
-    exchanges = []
-    for node in plan["nodes"]:
-        for edge in node.get("inputs", []):
-            exchanges.append(
-                Exchange(
-                    upstream_id=tails.get(edge["id"]),
-                    downstream_id=node["id"],
-                    gate=int(edge.get("num", 0)),
-                    partition=0,
-                    partitioner=str(edge.get("ship_strategy", "HASH")).upper(),
-                )
-            )
-    return exchanges
+def plan_exchanges(plan: JobPlan) -> list[Exchange]:
+    """One exchange per input of every vertex of the plan."""
+    return [
+        Exchange(
+            upstream_id=plan.vertices[edge.upstream].tail,
+            downstream_id=vertex.id,
+            gate=edge.gate,
+            partition=0,
+            partitioner=edge.partitioner,
+        )
+        for vertex in plan.vertices.values()
+        for edge in vertex.inputs
+    ]
 
 
 def merge_exchanges(from_plan: list[Exchange], from_schema: list[Exchange]) -> list[Exchange]:
@@ -255,8 +190,8 @@ def merge_exchanges(from_plan: list[Exchange], from_schema: list[Exchange]) -> l
     return list(merged.values())
 
 
-def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[str]) -> list[Exchange]:
+def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan]) -> list[Exchange]:
     """The exchanges a plan and/or a schema file describe (schema facts win)."""
-    from_plan = load_plan(plan, metadata) if plan else []
+    from_plan = plan_exchanges(plan) if plan else []
     from_schema = load_schema(schema, metadata) if schema else []
     return merge_exchanges(from_plan, from_schema)

@@ -1,0 +1,188 @@
+"""Flink's job plan, as the REST API returns it, matched to a checkpoint's operators.
+
+``GET /jobs/<id>/plan`` answers ``{"plan": {...}}``; the job details (``GET /jobs/<id>``) and the
+History Server's archive hold the same object under ``"plan"``; ``JsonPlanGenerator`` writes it
+bare. Its nodes are job vertices: a vertex's id is the id of the head operator of its chain, its
+description names the chained operators (``head<br/>+- next<br/>``), and each input names the
+upstream vertex, the input number (the gate of the consuming task) and the ship strategy (the
+partitioner: HASH, REBALANCE, SHUFFLE, GLOBAL, FORWARD, RESCALE, BROADCAST, CUSTOM).
+
+Input-channel state belongs to the head operator of the consuming vertex, result-subpartition
+state to the tail operator of the producing one, so the tails are looked up in the metadata:
+by name where the metadata has names (v5+), else by what fits (see ``_tails``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
+
+POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
+
+
+class PlanError(CkptError):
+    """A plan file that cannot be read or does not fit the checkpoint."""
+
+
+@dataclass
+class PlanEdge:
+    """An input of a vertex: its gate, the producing vertex and the partitioner."""
+
+    upstream: str
+    gate: int
+    partitioner: str
+
+    @property
+    def pointwise(self) -> bool:
+        """POINTWISE in Flink's DistributionPattern; every other partitioner is ALL_TO_ALL."""
+        return self.partitioner in POINTWISE_PARTITIONERS
+
+
+@dataclass
+class PlanVertex:
+    id: str  # the id of the chain's head operator
+    parallelism: int
+    description: str
+    chain: list[str]  # operator names, head first (from the description)
+    inputs: list[PlanEdge] = field(default_factory=list)
+    tail: Optional[str] = None  # id of the chain's last operator, where the metadata tells it
+    members: list[str] = field(default_factory=list)  # ids of the chain's operators the metadata tells
+
+    @property
+    def label(self) -> str:
+        return self.chain[0] if self.chain else self.id
+
+
+@dataclass
+class JobPlan:
+    vertices: dict[str, PlanVertex]
+
+    def vertex_of(self, operator_id: str) -> Optional[PlanVertex]:
+        for vertex in self.vertices.values():
+            if operator_id in vertex.members:
+                return vertex
+        return None
+
+
+def read_plan_document(path: str) -> dict:
+    """The plan object of a file holding Flink's plan in any of its published forms."""
+    try:
+        with open(path) as f:
+            document: Any = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read plan {path}: {exc}") from exc
+    while isinstance(document, dict) and "nodes" not in document and isinstance(document.get("plan"), dict):
+        document = document["plan"]  # REST /jobs/<id>/plan, /jobs/<id>, History Server archive
+    if not isinstance(document, dict) or not isinstance(document.get("nodes"), list):
+        raise PlanError(f"cannot read plan {path}: no 'nodes' (expected Flink's job plan, e.g. from GET /jobs/<job-id>/plan)")
+    return document
+
+
+def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
+    """Read a plan file and match its vertices to the checkpoint's operators."""
+    document = read_plan_document(path)
+    try:
+        vertices = {}
+        for node in document["nodes"]:
+            description = str(node.get("description", ""))
+            vertex = PlanVertex(str(node["id"]), int(node.get("parallelism", 0)), description, _chain_names(description))
+            for edge in node.get("inputs", []):
+                strategy = str(edge.get("ship_strategy", "HASH")).upper()
+                vertex.inputs.append(PlanEdge(str(edge["id"]), int(edge.get("num", 0)), strategy))
+            vertices[vertex.id] = vertex
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"cannot read plan {path}: malformed node ({exc})") from exc
+    _check_matches(path, vertices, metadata)
+    for vertex in vertices.values():
+        vertex.members = _members(vertex, metadata)
+    tails = _tails(vertices, metadata)
+    for vertex_id, tail in tails.items():
+        vertices[vertex_id].tail = tail
+        if tail and tail not in vertices[vertex_id].members:
+            vertices[vertex_id].members.append(tail)
+    return JobPlan(vertices)
+
+
+def _check_matches(path: str, vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> None:
+    """Every vertex of the plan is an operator of the checkpoint, and every input names a vertex."""
+    known = {op.id_hex for op in metadata.operators}
+    unknown = [v for v in vertices.values() if v.id not in known]
+    if unknown and len(unknown) == len(vertices):
+        raise PlanError(f"plan {path} is not the plan of this checkpoint's job: none of its vertices is in the checkpoint")
+    if unknown:
+        listed = ", ".join(f"{v.id} ({v.label})" for v in unknown)
+        raise PlanError(f"plan {path}: vertices not in the checkpoint: {listed}")
+    for vertex in vertices.values():
+        for edge in vertex.inputs:
+            if edge.upstream not in vertices:
+                raise PlanError(f"plan {path}: vertex {vertex.label} reads from {edge.upstream}, which the plan lacks")
+
+
+def _chain_names(description: str) -> list[str]:
+    return [re.sub(r"^[\s+\-]*", "", part).strip() for part in description.split("<br/>") if part.strip()]
+
+
+def _members(vertex: PlanVertex, metadata: CheckpointMetadata) -> list[str]:
+    """The chain's operators the metadata can tell: the head by id, the others by name (v5+)."""
+    members = [vertex.id]
+    for name in vertex.chain[1:]:
+        found = [op.id_hex for op in metadata.operators if op.name == name and op.parallelism == vertex.parallelism]
+        if len(found) == 1 and found[0] not in members:
+            members.append(found[0])
+    return members
+
+
+def _output_fits(op: OperatorState, parallelism: int, downstream_parallelism: int) -> bool:
+    """Could ``op`` be the tail of a vertex of ``parallelism`` feeding ``downstream_parallelism``?"""
+    if op.parallelism != parallelism:
+        return False
+    subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT)]
+    return bool(subpartitions) and max(subpartitions) < downstream_parallelism
+
+
+def _tails(vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> dict[str, Optional[str]]:
+    """The id of the last operator of each vertex's chain, where it can be told.
+
+    By name where the metadata has names (v5+); else a vertex whose chain is one operator is its
+    own tail; else, among the operators with output state, the one that alone fits the vertex
+    (same parallelism, subpartitions within every downstream's parallelism) once the others
+    are placed. Unknown tails stay None.
+    """
+    consumers: dict[str, list[int]] = {}
+    for vertex in vertices.values():
+        for edge in vertex.inputs:
+            consumers.setdefault(edge.upstream, []).append(vertex.parallelism)
+    tails: dict[str, Optional[str]] = {}
+    for vertex_id, vertex in vertices.items():
+        names = vertex.chain
+        by_name = [op.id_hex for op in metadata.operators if names and op.name == names[-1]]
+        if by_name:
+            tails[vertex_id] = by_name[0]
+        elif len(names) <= 1:
+            tails[vertex_id] = vertex_id
+        else:
+            tails[vertex_id] = None
+    progress = True
+    while progress:
+        progress = False
+        taken = {t for t in tails.values() if t}
+        for vertex_id, tail in tails.items():
+            if tail or vertex_id not in consumers:
+                continue
+            fits = [
+                op.id_hex
+                for op in metadata.operators
+                if op.id_hex not in taken
+                and (op.id_hex == vertex_id or op.id_hex not in vertices)
+                and _output_fits(op, vertices[vertex_id].parallelism, min(consumers[vertex_id]))
+            ]
+            if len(fits) == 1:
+                tails[vertex_id] = fits[0]
+                progress = True
+                break
+    return tails
