@@ -24,10 +24,12 @@ SOURCE_MAIN = ("b5b685896ae600a7445abe76c18f003d", "16bff260012cd60417e15f46df63
 
 def plan_of(*vertices: tuple[str, list[tuple[str, str]]]) -> JobPlan:
     """A plan of one-operator vertices: (id, [(upstream id, partitioner)])."""
-    return JobPlan({
-        vid: PlanVertex(vid, 2, vid, [vid], [PlanEdge(up, gate, p) for gate, (up, p) in enumerate(inputs)], vid, [vid])
-        for vid, inputs in vertices
-    })
+    return JobPlan(
+        {
+            vid: PlanVertex(vid, 2, vid, [vid], [PlanEdge(up, gate, p) for gate, (up, p) in enumerate(inputs)], vid, [vid])
+            for vid, inputs in vertices
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,8 +37,12 @@ def plan_of(*vertices: tuple[str, list[tuple[str, str]]]) -> JobPlan:
     [
         ({"s": "partial", "k": "none"}, "HASH", None),  # a source may be partially finished at any parallelism
         ({"s": "all", "k": "partial"}, "HASH", None),
-        ({"s": "none", "k": "partial"}, "HASH", "predeceased with running or partially finished ones and connected "
-         "via the ALL_TO_ALL edges. Task vertex k(k) has a all running predecessor"),
+        (
+            {"s": "none", "k": "partial"},
+            "HASH",
+            "predeceased with running or partially finished ones and connected "
+            "via the ALL_TO_ALL edges. Task vertex k(k) has a all running predecessor",
+        ),
         ({"s": "partial", "k": "partial"}, "REBALANCE", "has a partially finished predecessor"),
         ({"s": "partial", "k": "partial"}, "FORWARD", None),  # pointwise: partially finished is enough
         ({"s": "none", "k": "partial"}, "RESCALE", "predeceased with all running ones. Task vertex k(k) has a all running"),
@@ -111,7 +117,9 @@ def elements(*values: bytes) -> bytes:
     return b"".join(len(v).to_bytes(4, "big") + v for v in values)
 
 
-@pytest.mark.parametrize("partitioner, targets", [("GLOBAL", [0, 0, 0, 0]), ("SHUFFLE", [1, 2, 0, 1]), ("REBALANCE", [1, 2, 0, 1])])
+@pytest.mark.parametrize(
+    "partitioner, targets", [("GLOBAL", [0, 0, 0, 0]), ("SHUFFLE", [1, 2, 0, 1]), ("REBALANCE", [1, 2, 0, 1])]
+)
 def test_unkeyed_partitioners_route_as_flink_would(partitioner, targets):
     records = frame_channel(elements(*(b"\x01" + bytes([i]) for i in range(4))))
     spec = RouteSpec(Exchange("u", "d", partitioner=partitioner), 2, 3, 128)
