@@ -13,7 +13,7 @@ DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schem
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml ckpt_tool/records/_framing.c
+$(VENV)/.installed: pyproject.toml setup.py ckpt_tool/records/_framing.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ckpt_tool.engine import Engine, Progress
 from ckpt_tool.engine.tasks import channel_tasks, scan_channel
+from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import ChannelScan, suspect_key_groups
@@ -31,6 +32,7 @@ class ExchangeScan:
     channels: list[ChannelScan]
     duplicate_records: int
     subtask_key_groups: list[range]  # of the downstream subtasks
+    problem: Optional[str] = None  # why its records could not be read, if so
 
     @property
     def keyed(self) -> bool:
@@ -71,6 +73,7 @@ class ExchangeScan:
             "duplicate_records": self.duplicate_records if keyed else None,
             "key_group_histogram": {str(k): histogram[k] for k in sorted(histogram)} if keyed else None,
             "subtask_key_groups": [[r.start, r.stop - 1] for r in self.subtask_key_groups] if keyed else None,
+            "problem": self.problem,
             "channels": [
                 {
                     "upstream_subtask": c.upstream_subtask,
@@ -115,15 +118,31 @@ def scan_exchanges(
     by_exchange = defaultdict(list)
     for scan in scans:
         by_exchange[scan.exchange_index].append(scan)
-    result = []
-    for index, exchange in enumerate(exchanges):
-        downstream = checkpoint.metadata.operator(exchange.downstream_id)
-        result.append(
-            ExchangeScan(
-                exchange,
-                sorted(by_exchange[index], key=lambda s: (s.upstream_subtask, s.downstream_subtask)),
-                duplicates[index],
-                [key_group_range(downstream.max_parallelism, downstream.parallelism, i) for i in range(downstream.parallelism)],
-            )
+    return [
+        ExchangeScan(
+            exchange,
+            sorted(by_exchange[index], key=lambda s: (s.upstream_subtask, s.downstream_subtask)),
+            duplicates[index],
+            _key_group_ranges(checkpoint, exchange),
         )
+        for index, exchange in enumerate(exchanges)
+    ]
+
+
+def _key_group_ranges(checkpoint: Checkpoint, exchange: Exchange) -> list[range]:
+    downstream = checkpoint.metadata.operator(exchange.downstream_id)
+    return [key_group_range(downstream.max_parallelism, downstream.parallelism, i) for i in range(downstream.parallelism)]
+
+
+def scan_each_exchange(
+    checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, progress: Progress = None
+) -> list[ExchangeScan]:
+    """Like ``scan_exchanges``, but an exchange whose records cannot be read (a missing file, a
+    corrupt channel) is reported with its problem instead of failing the others."""
+    result = []
+    for exchange in exchanges:
+        try:
+            result += scan_exchanges(checkpoint, [exchange], engine, progress)
+        except CkptError as exc:
+            result.append(ExchangeScan(exchange, [], 0, _key_group_ranges(checkpoint, exchange), str(exc)))
     return result

@@ -18,6 +18,7 @@ from typing import Optional
 
 from ckpt_tool.assign.keyed import merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
+from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.tasks import (
     ReadBack,
     ReadBackTask,
@@ -102,11 +103,21 @@ class DroppedFigures:
 
 @dataclass
 class RescaleReport:
+    """What a rewrite did. In a dry run the exchanges' figures come from a scan of the old
+    channels, and what would be written out is an estimate (``estimated``)."""
+
     dry_run: bool
+    engine: str = "local"
     operators: list[OperatorChange] = field(default_factory=list)
     exchanges: list[ExchangeFigures] = field(default_factory=list)
     dropped: list[DroppedFigures] = field(default_factory=list)
+    carried_buffers: int = 0  # in-flight data kept as it was (exchanges whose parallelism does not change)
+    carried_bytes: int = 0
     files_written: int = 0
+
+    @property
+    def estimated(self) -> bool:
+        return self.dry_run
 
     @property
     def records_in(self) -> int:
@@ -127,6 +138,8 @@ class RescaleReport:
     def as_dict(self) -> dict:
         return {
             "dry_run": self.dry_run,
+            "estimated": self.estimated,
+            "engine": self.engine,
             "operators": [{**asdict(o), "parallelism": list(o.parallelism)} for o in self.operators],
             "exchanges": [{**asdict(e), "inflation": e.inflation} for e in self.exchanges],
             "records_in": self.records_in,
@@ -134,6 +147,7 @@ class RescaleReport:
             "replicas_removed": self.replicas_removed,
             "inflation": self.inflation,
             "dropped": [asdict(d) for d in self.dropped],
+            "carried": {"buffers": self.carried_buffers, "bytes": self.carried_bytes},
             "files_written": self.files_written,
         }
 
@@ -243,10 +257,16 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
         )
         for exchange in rescaled
     ]
-    engine = session.engine
-    if dry_run:  # figures from a scan; nothing is routed or written
+    carried = [h for s in _live_subtasks(metadata) for side in kept.get(s, ([], [])) for h in side]
+    report.carried_buffers = sum(h.buffer_count for h in carried)
+    report.carried_bytes = sum(h.payload_bytes for h in carried)
+    # a dry run never starts Spark: it scans the old channels in-process and writes nothing
+    engine = LocalEngine() if dry_run else session.engine
+    report.engine = engine.name
+    dropped = [plan.exchanges[i] for i in plan.dropped]
+    if dry_run:
         report.exchanges = [_scanned_figures(scan, metadata) for scan in scan_exchanges(source, rescaled, engine)]
-        report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], session)
+        report.dropped = _dropped_report(dropped, source, engine)
         return report
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
     routed: list[RoutedFile] = engine.map(
@@ -271,7 +291,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
 
     read = _verify_output(session, metadata, rescaled, routed, dst)
     report.exchanges = _routed_figures(rescaled, routed, read, metadata)
-    report.dropped = _dropped_report([plan.exchanges[i] for i in plan.dropped], session)
+    report.dropped = _dropped_report(dropped, source, engine)
     report.files_written = len(routed) + len(files)
     write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed))
     return report
@@ -386,11 +406,16 @@ def _scanned_figures(scan: ExchangeScan, metadata) -> ExchangeFigures:
     return figures
 
 
-def _dropped_report(exchanges, session: Session) -> list[DroppedFigures]:
+def _live_subtasks(metadata) -> list[tuple[str, int]]:
+    """(operator id, subtask) of every running subtask the metadata holds."""
+    return [(op.id_hex, s.index) for op in metadata.operators for s in op.subtasks if not s.finished]
+
+
+def _dropped_report(exchanges, source: Checkpoint, engine: Engine) -> list[DroppedFigures]:
     """Exactly what dropping these exchanges' in-flight data removes."""
     if not exchanges:
         return []
-    metadata = session.metadata
+    metadata = source.metadata
     return [
         DroppedFigures(
             scan.exchange.upstream_id,
@@ -403,5 +428,5 @@ def _dropped_report(exchanges, session: Session) -> list[DroppedFigures]:
             scan.total("watermarks"),
             scan.total("other_elements"),
         )
-        for scan in scan_exchanges(session.checkpoint, exchanges, session.engine)
+        for scan in scan_exchanges(source, exchanges, engine)
     ]

@@ -29,6 +29,7 @@ class Session:
     engine_choice: Union[str, Engine] = "auto"  # auto, local, spark, or an engine the caller owns
     spark_master: Optional[str] = None
     spark_conf: dict[str, str] = field(default_factory=dict)
+    quiet: bool = True  # Spark's own logging off
     progress: Progress = None
     _engine: Optional[Engine] = field(default=None, repr=False)
 
@@ -41,6 +42,7 @@ class Session:
         spark_master: Optional[str] = None,
         spark_conf: Optional[dict[str, str]] = None,
         require_files: bool = True,
+        quiet: bool = True,
     ) -> Session:
         """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
         file the metadata references is missing or not its recorded size."""
@@ -49,7 +51,7 @@ class Session:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
         exchanges = load_exchanges(checkpoint.metadata, schema, job_plan) if (schema or plan) else None
-        return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}))
+        return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
 
     def __enter__(self) -> Session:
         return self
@@ -80,7 +82,7 @@ class Session:
         if isinstance(self.engine_choice, Engine):
             return self.engine_choice
         if self._engine is None:
-            self._engine = make_engine(self.engine_choice, self.in_flight_bytes(), self.spark_master, self.spark_conf)
+            self._engine = make_engine(self.engine_choice, self.in_flight_bytes(), self.spark_master, self.spark_conf, self.quiet)
         return self._engine
 
     @property

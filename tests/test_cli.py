@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from catalog import ALL_FIXTURES
+from catalog import ALL_FIXTURES, COUNTJOB_SCHEMA
 from ckpt_tool import __version__
 
 OPERATOR_KEYS = ("id", "uid", "name", "parallelism", "max_parallelism", "finished", "channel_state")
@@ -95,7 +95,14 @@ def test_missing_channel_state_file(ckpt, broken):
     checkpoint = Checkpoint.open(str(broken))
     victim = next(u for u in checkpoint.referenced_files() if not u.endswith("_metadata"))
     shutil.os.remove(victim)
-    assert_clean_error(*ckpt("inspect", str(broken)), "is missing")
+    # inspect is the tool for diagnosing such a checkpoint: everything readable is shown, then exit 2
+    code, out, err = ckpt("inspect", str(broken))
+    assert_clean_error(code, "", err, "is missing")
+    assert "Operators" in out and f"problem: {victim} is missing" in out
+    code, out, err = ckpt("inspect", "--json", str(broken), "--schema", str(COUNTJOB_SCHEMA))
+    report = json.loads(out)
+    assert code == 2 and report["operators"] and any("is missing" in p for p in report["problems"])
+    assert any(e["problem"] for e in report["exchanges"]), "the exchange reading the missing file says so"
 
 
 def test_verbose_shows_traceback(ckpt, tmp_path):

@@ -10,6 +10,7 @@ from ckpt_tool.flink.checkpoint import Checkpoint, PathMapping
 from ckpt_tool.flink.metadata import read_metadata
 from ckpt_tool.ops.inspect import inspect
 from ckpt_tool.session import Session
+from ckpt_tool.storage.local import LocalFileIO
 
 MUTATIONS_PER_FIXTURE = 500
 
@@ -44,7 +45,7 @@ def test_fuzzed_metadata(tmp_path):
                 failed += 1
                 continue
             parsed += 1
-            checkpoint = Checkpoint(str(tmp_path), None, metadata, PathMapping.detect(metadata, str(tmp_path)))
+            checkpoint = Checkpoint(str(tmp_path), LocalFileIO(), metadata, PathMapping.detect(metadata, str(tmp_path)))
             try:
                 inspect(Session(checkpoint))  # metadata-only inspect must cope with whatever parsed
             except CkptError:

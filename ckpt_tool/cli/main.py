@@ -15,6 +15,7 @@ import click
 
 from ckpt_tool import __version__
 from ckpt_tool.cli.output import output_for, progress_bar
+from ckpt_tool.engine import ENGINES, LOCAL_LIMIT_BYTES
 from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
 
 
@@ -22,12 +23,14 @@ from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, 
 @click.version_option(__version__, "--version", prog_name="ckpt")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
-def cli(verbose: bool, s3_endpoint: str | None) -> None:
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None) -> None:
     """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline.
 
     CHECKPOINT, SRC and DST are local paths, file:// or s3:// URIs (s3a:// and s3p:// too).
     S3 access uses boto3's default credential chain, AWS_PROFILE and region settings.
     """
+    ctx.obj = {"verbose": verbose}
     if s3_endpoint:
         os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint  # read by the S3 storage, also on Spark executors
 
@@ -52,41 +55,39 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
     return overrides
 
 
-def session_options(default_engine: str):
+ENGINE_HELP = (
+    "Where the record path runs: in-process (local), on Spark, or auto: Spark when the checkpoint holds more than "
+    f"{LOCAL_LIMIT_BYTES // 2**20} MiB of in-flight data or --spark-master is given, else in-process."
+)
+
+
+def session_options(command):
     """The options every command that reads records shares: inputs and the engine."""
-
-    def decorate(command):
-        for option in reversed(
-            [
-                click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
-                click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
-                click.option(
-                    "--engine",
-                    type=click.Choice(["auto", "local", "spark"]),
-                    default=default_engine,
-                    show_default=True,
-                    help="Where the record path runs: in-process, on Spark, or chosen by size.",
-                ),
-                click.option("--spark-master", help="Spark master URL (default local[*])."),
-                click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
-            ]
-        ):
-            command = option(command)
-        return command
-
-    return decorate
+    for option in reversed(
+        [
+            click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
+            click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
+            click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True, help=ENGINE_HELP),
+            click.option("--spark-master", help="Spark master URL (default local[*]); implies Spark."),
+            click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
+        ]
+    ):
+        command = option(command)
+    return command
 
 
 def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=True):
+    """The session a command works in; Spark's own logging stays off unless --verbose."""
     from ckpt_tool.session import Session
 
-    return Session.open(checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files)
+    verbose = bool((click.get_current_context().obj or {}).get("verbose"))
+    return Session.open(checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose)
 
 
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@session_options("auto")
+@session_options
 def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> None:
     """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
 
@@ -95,11 +96,14 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
     """
     from ckpt_tool.ops.inspect import inspect as run_inspect
 
-    with open_session(checkpoint, schema, plan, engine, spark_master, conf) as session:
+    with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
         scanning = session.exchanges is not None
         with progress_bar("scanning in-flight records", enabled=scanning and not as_json) as session.progress:
             report = run_inspect(session)
     output_for(as_json).inspect(report)
+    if report.problems:
+        more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
+        raise CkptError(f"{report.problems[0]}{more}; everything readable is shown above")
 
 
 @cli.command()
@@ -113,7 +117,7 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
     metavar="OPERATOR=N",
     help="New parallelism of one operator (uid, name or id), repeatable.",
 )
-@session_options("spark")
+@session_options
 @click.option("--dry-run", is_flag=True, help="Print the plan and what would be moved; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json) -> None:
@@ -144,7 +148,7 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     metavar="OPERATOR",
     help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable.",
 )
-@session_options("spark")
+@session_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) -> None:
     """Write to DST a repaired copy of checkpoint SRC.
@@ -166,16 +170,20 @@ def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) ->
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--target-parallelism", type=click.IntRange(min=1), help="Also check that a rescale to N is possible.")
-@session_options("auto")
+@session_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--junit", type=click.Path(dir_okay=False, writable=True), help="Also write the report as JUnit XML.")
-def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, conf, as_json, junit) -> None:
-    """Check that CHECKPOINT is sound. Exit code 0 sound, 1 problems found, 2 unusable."""
+@click.option("--strict", is_flag=True, help="A check that cannot run (for want of --plan, --schema, ...) fails.")
+def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, conf, as_json, junit, strict) -> None:
+    """Check that CHECKPOINT is sound. Exit code 0 sound, 1 problems found, 2 unusable.
+
+    Checks that need --plan, --schema or --target-parallelism are skipped without them, and the
+    status says so; --strict makes them fail instead (for CI)."""
     from ckpt_tool.ops.verify import PROBLEMS, UNUSABLE, junit_xml
     from ckpt_tool.ops.verify import verify as run_verify
 
     with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
-        report = run_verify(session, target_parallelism)
+        report = run_verify(session, target_parallelism, strict)
     if junit:
         with open(junit, "w") as f:
             f.write(junit_xml(report))

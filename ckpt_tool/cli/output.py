@@ -79,9 +79,32 @@ def histogram_rows(histogram: dict[int, int], max_parallelism: int) -> list[tupl
 
 
 class RichOutput(Output):
-    def __init__(self) -> None:
+    """Tables on a terminal. A table too wide for the terminal is shown stacked, one block of
+    ``column: value`` lines per row, so that names and figures stay whole at 80 columns."""
+
+    def __init__(self, width: Optional[int] = None) -> None:
         # Piped output is not squeezed into Rich's default 80 columns.
-        self.console = Console(width=None if sys.stdout.isatty() else 160)
+        self.console = Console(width=width or (None if sys.stdout.isatty() else 160))
+
+    def _show(self, title: str, columns: list[str], rows: list[list[str]], header: bool = True) -> None:
+        table = Table(title=title, show_header=header)
+        for column in columns:
+            table.add_column(column, no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        natural = self.console.measure(table, options=self.console.options.update(max_width=10_000)).maximum
+        if natural <= self.console.width:
+            self.console.print(table)
+            return
+        self.console.print(f"[bold]{title}[/]" if title else "")
+        for row in rows:
+            stacked = Table(show_header=False, box=None, padding=(0, 1))
+            stacked.add_column(style="dim", no_wrap=True)
+            stacked.add_column(overflow="fold")
+            for column, value in zip(columns, row):
+                stacked.add_row(column or "-", value)
+            self.console.print(stacked)
+            self.console.print()
 
     def inspect(self, report: InspectReport) -> None:
         self._summary(report)
@@ -92,33 +115,38 @@ class RichOutput(Output):
         max_parallelism = {o.id: o.max_parallelism for o in report.operators}
         for exchange in report.exchanges or []:
             self._exchange(exchange, names, max_parallelism.get(exchange.exchange.downstream_id, 128))
+        for problem in report.problems:
+            self.console.print(f"[red]problem:[/] {problem}")
 
     def _summary(self, report: InspectReport) -> None:
         ops = report.operators
-        head = Table(title="Checkpoint", show_header=False)
-        head.add_row("checkpoint id", str(report.checkpoint_id))
-        head.add_row("metadata version", str(report.metadata_version))
+        rows = [["checkpoint id", str(report.checkpoint_id)], ["metadata version", str(report.metadata_version)]]
         props = report.properties
         if props:
             retained = "retained" if not props.get("discard_cancelled") else "discarded"
-            head.add_row("type", f"{props['checkpoint_type']} ({props['sharing_files_strategy']}, {retained} on cancel)")
-        head.add_row("operators", f"{len(ops)} ({sum(o.finished == 'all' for o in ops)} finished)")
+            rows.append(["type", f"{props['checkpoint_type']} ({props['sharing_files_strategy']}, {retained} on cancel)"])
+        rows.append(["operators", f"{len(ops)} ({sum(o.finished == 'all' for o in ops)} finished)"])
         for direction in ("input", "output"):
             buffers = sum(o.channel_state[direction].buffers for o in ops)
             size = sum(o.channel_state[direction].bytes for o in ops)
-            head.add_row(f"{direction} channel state", f"{buffers} buffers, {human_bytes(size)}")
+            rows.append([f"{direction} channel state", f"{buffers} buffers, {human_bytes(size)}"])
         if report.engine:
-            head.add_row("record scan", report.engine)
-        self.console.print(head)
+            rows.append(["record scan", report.engine])
+        self._show("Checkpoint", ["", ""], rows, header=False)
 
     def _operators(self, ops: list[OperatorSummary]) -> None:
-        table = Table(title="Operators")
-        table.add_column("operator (uid)", overflow="fold")
-        table.add_column("id", no_wrap=True)
-        for column in ("parallelism", "finished", "keyed", "operator", "input state", "output state"):
-            table.add_column(column, no_wrap=True)
-        for o in ops:
-            table.add_row(
+        columns = [
+            "operator (uid)",
+            "id",
+            "parallelism / max",
+            "finished",
+            "keyed state",
+            "operator state",
+            "input channels",
+            "output channels",
+        ]
+        rows = [
+            [
                 f"{o.name or '?'}" + (f" ({o.uid})" if o.uid else ""),
                 o.id,
                 f"{o.parallelism} / {o.max_parallelism}",
@@ -127,13 +155,13 @@ class RichOutput(Output):
                 human_bytes(o.state_size.operator),
                 _buffers(o.channel_state["input"]),
                 _buffers(o.channel_state["output"]),
-            )
-        self.console.print(table)
+            ]
+            for o in ops
+        ]
+        self._show("Operators", columns, rows)
 
     def _channels(self, ops: list[OperatorSummary]) -> None:
-        table = Table(title="Channel state per subtask and channel")
-        for column in ("operator", "subtask", "direction", "channel", "buffers", "bytes", "file"):
-            table.add_column(column, overflow="fold")
+        rows = []
         for o in ops:
             for s in o.subtasks:
                 for ch in s.channels:
@@ -142,37 +170,36 @@ class RichOutput(Output):
                     else:
                         where = f"partition {ch.info[0]}, subpartition {ch.info[1]}"
                     file = ch.file.rsplit("/", 1)[-1] if ch.file else "inline"
-                    table.add_row(
-                        o.name or o.id[:8], str(s.index), ch.direction, where, str(ch.buffers), human_bytes(ch.bytes), file
-                    )
-        if table.row_count:
-            self.console.print(table)
+                    rows.append([o.label, str(s.index), ch.direction, where, str(ch.buffers), human_bytes(ch.bytes), file])
+        if rows:
+            columns = ["operator", "subtask", "direction", "channel", "buffers", "bytes", "file"]
+            self._show("Channel state per subtask and channel", columns, rows)
 
     def _files(self, files: FilesSummary) -> None:
-        table = Table(title="Files", show_header=False)
-        table.add_row("referenced files", f"{files.count} ({human_bytes(files.bytes)})")
-        table.add_row(
-            "size min / median / max", " / ".join(human_bytes(v) for v in (files.min_bytes, files.median_bytes, files.max_bytes))
-        )
-        table.add_row(f"small files (< {human_bytes(files.small_file_limit_bytes)})", str(files.small_files))
-        table.add_row("inline state in _metadata", human_bytes(files.inline_bytes))
-        table.add_row("channel-state files", str(files.channel_state_files))
-        for file, subtasks in files.shared_channel_state_files:
-            table.add_row("  shared by subtasks", f"{file.rsplit('/', 1)[-1]}: {subtasks}")
-        self.console.print(table)
+        sizes = " / ".join(human_bytes(v) for v in (files.min_bytes, files.median_bytes, files.max_bytes))
+        rows = [
+            ["referenced files", f"{files.count} ({human_bytes(files.bytes)})"],
+            ["size min / median / max", sizes],
+            [f"small files (< {human_bytes(files.small_file_limit_bytes)})", str(files.small_files)],
+            ["inline state in _metadata", human_bytes(files.inline_bytes)],
+            ["channel-state files", str(files.channel_state_files)],
+        ]
+        rows += [["  shared by subtasks", f"{f.rsplit('/', 1)[-1]}: {n}"] for f, n in files.shared_channel_state_files]
+        self._show("Files", ["", ""], rows, header=False)
 
     def _exchange(self, scan: ExchangeScan, names: dict, max_parallelism: int) -> None:
         exchange = scan.exchange
         up = names.get(exchange.upstream_id, "?") if exchange.upstream_id else "?"
         title = f"Exchange {up} → {names.get(exchange.downstream_id, '?')} (gate {exchange.gate}, {scan.partitioner or '?'})"
+        if scan.problem:
+            self.console.print(f"{title}: [red]not readable[/]: {scan.problem}")
+            return
         if not scan.channels:
             self.console.print(f"{title}: no in-flight data")
             return
-        table = Table(title=title)
-        for column in ("upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"):
-            table.add_column(column, no_wrap=True)
-        for ch in scan.channels:
-            table.add_row(
+        columns = ["upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
+        rows = [
+            [
                 str(ch.upstream_subtask),
                 str(ch.downstream_subtask),
                 f"{ch.input_buffers} / {ch.output_buffers}",
@@ -181,99 +208,100 @@ class RichOutput(Output):
                 str(ch.watermarks),
                 str(ch.other_elements),
                 str(ch.misplaced_records) if scan.keyed else "-",
-            )
-        self.console.print(table)
+            ]
+            for ch in scan.channels
+        ]
+        self._show(title, columns, rows)
         line = (
             f"records {scan.total('records')}, watermarks {scan.total('watermarks')}, "
             f"other elements {scan.total('other_elements')}"
         )
         if scan.keyed:
             line += f", misplaced {scan.total('misplaced_records')}, duplicates {scan.duplicate_records}"
-            self.console.print(line)
-            histogram = Table(title="Key-group histogram", show_header=True)
-            histogram.add_column("key groups", no_wrap=True)
-            histogram.add_column("records", justify="right")
-            histogram.add_column("", no_wrap=True)
-            for label, count, bar in histogram_rows(scan.key_group_histogram, max_parallelism):
-                histogram.add_row(label, str(count), bar)
-            self.console.print(histogram)
-        else:
-            self.console.print(line)
+        self.console.print(line)
+        if scan.keyed:
+            rows = [[label, str(count), bar] for label, count, bar in histogram_rows(scan.key_group_histogram, max_parallelism)]
+            self._show("Key-group histogram", ["key groups", "records", ""], rows)
 
     def rescale(self, report: RescaleReport) -> None:
         title = "Rescale plan (dry run: nothing written)" if report.dry_run else "Rescale"
         if report.operators:
-            ops = Table(title=f"{title}: operators")
-            for column in ("operator", "id", "parallelism"):
-                ops.add_column(column, no_wrap=True)
-            for o in report.operators:
-                ops.add_row(o.name or o.uid or "?", o.id, f"{o.parallelism[0]} → {o.parallelism[1]}")
-            self.console.print(ops)
-        table = Table(title="In-flight data per exchange")
-        for column in (
+            rows = [[o.name or o.uid or "?", o.id, f"{o.parallelism[0]} → {o.parallelism[1]}"] for o in report.operators]
+            self._show(f"{title}: operators", ["operator", "id", "parallelism"], rows)
+        out = "records out (estimate)" if report.estimated else "records out"
+        columns = [
             "exchange",
             "partitioner",
             "records in",
-            "records out",
+            out,
             "bytes in",
             "bytes out",
             "inflation",
             "replicas removed",
             "non-records dropped",
-        ):
-            table.add_column(column, no_wrap=True)
-        for e in report.exchanges:
-            table.add_row(
+        ]
+        rows = [
+            [
                 e.name,
                 e.partitioner,
                 str(e.records_in),
                 str(e.records_out),
                 human_bytes(e.bytes_in),
-                human_bytes(e.bytes_out),
+                "-" if report.estimated else human_bytes(e.bytes_out),
                 f"{e.inflation:.2f}",
                 str(e.replicas_removed),
                 str(e.non_records_dropped),
-            )
-        if report.exchanges:
-            self.console.print(table)
+            ]
+            for e in report.exchanges
+        ]
+        if rows:
+            self._show("In-flight data rerouted, per exchange", columns, rows)
         if report.dropped:
-            dropped = Table(title="In-flight data dropped")
-            for column in ("exchange", "buffers", "bytes", "records", "watermarks", "other"):
-                dropped.add_column(column, no_wrap=True)
-            for d in report.dropped:
-                dropped.add_row(
-                    d.name, str(d.buffers), human_bytes(d.bytes), str(d.records), str(d.watermarks), str(d.other_elements)
-                )
-            self.console.print(dropped)
-        self.console.print(
-            f"records {report.records_in} in, {report.records_out} out, inflation {report.inflation:.2f}, "
-            f"replicas removed {report.replicas_removed}, files written {report.files_written}"
-        )
+            rows = [
+                [d.name, str(d.buffers), human_bytes(d.bytes), str(d.records), str(d.watermarks), str(d.other_elements)]
+                for d in report.dropped
+            ]
+            self._show("In-flight data dropped", ["exchange", "buffers", "bytes", "records", "watermarks", "other"], rows)
+        self.console.print(rescale_footer(report))
 
     def verify(self, report: VerifyReport) -> None:
-        table = Table(title=f"Verify {report.checkpoint}")
-        for column in ("check", "status", "problems", "what it checks"):
-            table.add_column(column)
         style = {"passed": "green", "failed": "red", "skipped": "dim"}
-        for c in report.checks:
-            table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", str(len(c.problems)), c.description)
-        self.console.print(table)
+        rows = [
+            [c.name, f"[{style[c.status]}]{c.status}[/]", str(len(c.problems)), c.skipped or c.description] for c in report.checks
+        ]
+        self._show(f"Verify {report.checkpoint}", ["check", "status", "problems", "what it checks"], rows)
         problems = [p for c in report.checks for p in c.problems]
         if problems:
-            listing = Table(title="Problems")
-            for column in ("check", "operator", "subtask", "channel", "count", "problem"):
-                listing.add_column(column, overflow="fold")
-            for p in problems:
-                listing.add_row(
+            columns = ["check", "operator", "subtask", "channel", "count", "problem"]
+            rows = [
+                [
                     p.check,
                     p.operator or "",
                     "" if p.subtask is None else str(p.subtask),
                     p.channel or "",
                     str(p.count),
                     p.message,
-                )
-            self.console.print(listing)
-        self.console.print(f"status: {report.status}")
+                ]
+                for p in problems
+            ]
+            self._show("Problems", columns, rows)
+        self.console.print(f"status: {report.summary}")
+
+
+def rescale_footer(report: RescaleReport) -> str:
+    """One line: what was rerouted, carried and dropped, written, and where it ran."""
+    estimate = " (estimated)" if report.estimated else ""
+    parts = [
+        f"records {report.records_in} in, {report.records_out} out{estimate}, inflation {report.inflation:.2f}, "
+        f"replicas removed {report.replicas_removed}"
+    ]
+    if report.carried_buffers:
+        parts.append(f"carried unchanged {report.carried_buffers} buffers ({human_bytes(report.carried_bytes)})")
+    if report.dropped:
+        parts.append(f"dropped {sum(d.records for d in report.dropped)} records")
+    parts.append(f"files written {report.files_written}")
+    parts.append(f"engine {report.engine}")
+    return "; ".join(parts)
 
 
 def output_for(as_json: bool) -> Output:

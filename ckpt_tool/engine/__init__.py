@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -117,6 +119,11 @@ class LocalEngine(Engine):
 # The driver's JVM only schedules tasks (records go through Python workers): its C1 compiler
 # and the serial collector start it seconds sooner on a small machine. --conf overrides this.
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+QUIET_LOGGING = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
+
+
+def is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
 
 
 def executor_environment() -> dict[str, str]:
@@ -125,43 +132,65 @@ def executor_environment() -> dict[str, str]:
 
 
 class SparkEngine(Engine):
-    """PySpark, ``local[*]`` by default or a cluster given by ``master``."""
+    """PySpark, ``local[*]`` by default or a cluster given by ``master``.
+
+    Quiet (the default, unless ``--verbose``): the Spark JVM's output goes to a log file
+    (``log``) instead of the terminal, and log4j logs nothing; ckpt reports failures itself.
+    In local mode the workers run the driver's own Python, so ckpt runs from any directory
+    without an activated virtualenv."""
 
     name = "spark"
 
-    def __init__(self, master: str = "local[*]", conf: Optional[dict[str, str]] = None):
+    def __init__(self, master: str = "local[*]", conf: Optional[dict[str, str]] = None, quiet: bool = True):
         self.master = master
-        self.conf = {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS, **(conf or {})}
-        self._session = None
+        self.quiet = quiet
+        java_options = DRIVER_JAVA_OPTIONS + (f" -Dlog4j2.configurationFile=file:{QUIET_LOGGING}" if quiet else "")
+        defaults = {
+            "spark.driver.extraJavaOptions": java_options,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+        }
+        self.conf = {**defaults, **executor_environment(), **(conf or {})}
+        self.log: Optional[str] = None
+        self._context = None
         self._owned = True  # False when Spark was already running in this process: left running
         self._starting: Optional[Future] = None
 
     def start(self) -> None:
         """Start Spark in the background, so that its start-up overlaps the driver's own work."""
-        if self._session is None and self._starting is None:
+        if self._context is None and self._starting is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start")
-            self._starting = pool.submit(self._create_session)
+            self._starting = pool.submit(self._create_context)
             pool.shutdown(wait=False)
 
-    def _create_session(self):
-        from pyspark.sql import SparkSession
+    def _create_context(self):
+        from pyspark import SparkConf, SparkContext
 
-        self._owned = SparkSession.getActiveSession() is None
-        builder = SparkSession.builder.master(self.master).appName("ckpt")
-        builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        for key, value in {**executor_environment(), **self.conf}.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
-        return session
+        running = SparkContext._active_spark_context
+        if running is not None:
+            self._owned = False
+            return running
+        if is_local_master(self.master) and "PYSPARK_PYTHON" not in os.environ:
+            os.environ["PYSPARK_PYTHON"] = sys.executable  # read by SparkContext for its Python workers
+        conf = SparkConf().setMaster(self.master).setAppName("ckpt").setAll(list(self.conf.items()))
+        gateway = None
+        if self.quiet:
+            from pyspark.java_gateway import launch_gateway
+
+            with tempfile.NamedTemporaryFile(prefix="ckpt-spark-", suffix=".log", delete=False) as log:
+                self.log = log.name
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        context = SparkContext(conf=conf, gateway=gateway)
+        context.setLogLevel("OFF" if self.quiet else "ERROR")
+        return context
 
     @property
     def context(self):
-        session = self._session
-        if session is None:
+        context = self._context
+        if context is None:
             starting, self._starting = self._starting, None
-            session = self._session = starting.result() if starting else self._create_session()
-        return session.sparkContext
+            context = self._context = starting.result() if starting else self._create_context()
+        return context
 
     def stop(self) -> None:
         if self._starting is not None:
@@ -169,10 +198,13 @@ class SparkEngine(Engine):
                 _ = self.context  # wait for the start under way
             except Exception:  # a start that failed has nothing to stop
                 return
-        if self._session is not None:
+        if self._context is not None:
             if self._owned:
-                self._session.stop()
-            self._session = None
+                self._context.stop()
+                if self.log:
+                    os.unlink(self.log)
+                    self.log = None
+            self._context = None
 
     def _map(self, function, items, progress, one_per_partition):
         if not items:
@@ -182,7 +214,8 @@ class SparkEngine(Engine):
         try:
             results = sc.parallelize(items, slices).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
-            raise EngineError(f"Spark failed: {_last_line(exc)}") from exc
+            where = f" (Spark's log: {self.log})" if self.log else ""
+            raise EngineError(f"Spark failed: {_last_line(exc)}{where}") from exc
         if progress:
             progress(len(items), len(items))
         return results
@@ -196,9 +229,11 @@ def _last_line(exc: Exception) -> str:
 ENGINES = ("auto", "local", "spark")
 
 
-def make_engine(choice: str, data_bytes: int, master: Optional[str] = None, conf: Optional[dict] = None) -> Engine:
+def make_engine(
+    choice: str, data_bytes: int, master: Optional[str] = None, conf: Optional[dict] = None, quiet: bool = True
+) -> Engine:
     """``local`` or ``spark`` as asked; ``auto`` is Spark for more than LOCAL_LIMIT_BYTES of
     in-flight data or when a master is given, else in-process."""
     if choice == "spark" or (choice == "auto" and (master or data_bytes > LOCAL_LIMIT_BYTES)):
-        return SparkEngine(master or "local[*]", conf)
+        return SparkEngine(master or "local[*]", conf, quiet)
     return LocalEngine()

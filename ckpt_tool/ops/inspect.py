@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
+from ckpt_tool.exchanges import ExchangeScan, scan_each_exchange
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.metadata import iter_stream_handles
@@ -147,6 +147,7 @@ class InspectReport:
     files: FilesSummary
     engine: Optional[str] = None  # set when records were scanned
     exchanges: Optional[list[ExchangeScan]] = field(default=None)
+    problems: list[str] = field(default_factory=list)  # missing or truncated files, unreadable exchanges
 
     def as_dict(self) -> dict:
         result: dict[str, Any] = {
@@ -156,6 +157,7 @@ class InspectReport:
             "master_states": [asdict(m) for m in self.master_states],
             "operators": [o.as_dict() for o in self.operators],
             "files": self.files.as_dict(),
+            "problems": self.problems,
         }
         if self.exchanges is not None:
             result["engine"] = self.engine
@@ -264,7 +266,9 @@ def properties_summary(raw: bytes | None) -> dict | None:
 
 
 def inspect(session: Session) -> InspectReport:
-    """The checkpoint's contents; with exchanges described, their records scanned too."""
+    """The checkpoint's contents; with exchanges described, their records scanned too. What
+    cannot be read (a missing or truncated file, a corrupt channel) is listed in ``problems``
+    and everything else is still shown."""
     checkpoint = session.checkpoint
     md = checkpoint.metadata
     report = InspectReport(
@@ -275,7 +279,13 @@ def inspect(session: Session) -> InspectReport:
         [operator_summary(checkpoint, op) for op in md.operators],
         files_summary(checkpoint),
     )
+    report.problems = list(checkpoint.file_problems())
     if session.exchanges is not None:
         report.engine = session.engine_name
-        report.exchanges = scan_exchanges(checkpoint, session.exchanges, session.engine, session.progress)
+        report.exchanges = scan_each_exchange(checkpoint, session.exchanges, session.engine, session.progress)
+        report.problems += [
+            f"exchange {md.exchange_label(s.exchange.upstream_id, s.exchange.downstream_id)}: {s.problem}"
+            for s in report.exchanges
+            if s.problem
+        ]
     return report

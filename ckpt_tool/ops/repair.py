@@ -14,6 +14,6 @@ from ckpt_tool.writer import check_destination
 
 def repair(session: Session, dst: str, drop: list[str]) -> RescaleReport:
     plan = plan_repair(session.metadata, session.described_exchanges, drop)
-    check_destination(dst)  # a refusal should come before the engine starts
+    check_destination(dst, session.checkpoint.uri)  # a refusal should come before the engine starts
     session.start_engine()
     return rewrite(session, dst, plan)

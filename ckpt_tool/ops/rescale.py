@@ -25,7 +25,7 @@ def rescale(
 ) -> RescaleReport:
     """Write to ``dst`` the session's checkpoint for the new parallelism (nothing with ``dry_run``)."""
     plan = plan_rescale(session.metadata, parallelism, overrides or {}, session.described_exchanges, session.plan)
-    check_destination(dst)  # a refusal should come before the engine starts
+    check_destination(dst, session.checkpoint.uri)  # a refusal should come before the engine starts
     if not dry_run:
         session.start_engine()
     return rewrite(session, dst, plan, dry_run)

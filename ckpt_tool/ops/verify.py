@@ -5,6 +5,9 @@ buffer lengths; one handle per channel; parallelism within max parallelism; fini
 replicated buffers (the same buffer bytes held by several subtasks of an operator). With
 ``--plan``/``--schema``: record framing of every logical channel, and with keys, misplaced and
 duplicate records. ``--target-parallelism N`` checks that a rescale to N is possible.
+
+A check that cannot run says why (``skipped``), and the status says how many were skipped:
+"sound" with skipped checks is no proof. ``--strict`` counts every skipped check as failed.
 """
 
 from __future__ import annotations
@@ -43,13 +46,13 @@ class Problem:
 class CheckResult:
     name: str
     description: str
-    ran: bool = True
+    skipped: str = ""  # why the check did not run; empty when it ran
     problems: list[Problem] = field(default_factory=list)
     unusable: bool = False  # problems of this check make the checkpoint unrestorable as it is
 
     @property
     def status(self) -> str:
-        if not self.ran:
+        if self.skipped:
             return "skipped"
         return "failed" if self.problems else "passed"
 
@@ -58,6 +61,7 @@ class CheckResult:
 class VerifyReport:
     checkpoint: str
     checks: list[CheckResult]
+    strict: bool = False
 
     @property
     def status(self) -> str:
@@ -65,12 +69,35 @@ class VerifyReport:
             return UNUSABLE
         return PROBLEMS if any(c.problems for c in self.checks) else SOUND
 
+    @property
+    def skipped(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.skipped]
+
+    @property
+    def summary(self) -> str:
+        """The status in words, naming what was not checked."""
+        if not self.skipped:
+            return self.status
+        reasons: dict[str, list[str]] = {}
+        for check in self.skipped:
+            reasons.setdefault(check.skipped, []).append(check.name)
+        listed = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in reasons.items())
+        return f"{self.status}, but {len(self.skipped)} of {len(self.checks)} checks skipped: {listed}"
+
     def as_dict(self) -> dict:
         return {
             "checkpoint": self.checkpoint,
             "status": self.status,
+            "summary": self.summary,
+            "strict": self.strict,
             "checks": [
-                {"name": c.name, "description": c.description, "status": c.status, "problems": len(c.problems)}
+                {
+                    "name": c.name,
+                    "description": c.description,
+                    "status": c.status,
+                    "problems": len(c.problems),
+                    "skipped": c.skipped or None,
+                }
                 for c in self.checks
             ],
             "problems": [asdict(p) for c in self.checks for p in c.problems],
@@ -147,18 +174,25 @@ def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> l
     return [parallelism, finished]
 
 
-def check_records(session: Session) -> list[CheckResult]:
+NEEDS_EXCHANGES = "needs --plan or --schema"
+NEEDS_KEYS = "needs --schema with record types and keys"
+
+
+def check_records(session: Session, usable: bool) -> list[CheckResult]:
     exchanges = session.exchanges
+    unusable = "" if usable else "the checkpoint is unusable (see the failed checks)"
     framing = CheckResult(
-        "record-framing", "every logical channel splits into whole records", ran=exchanges is not None, unusable=True
+        "record-framing",
+        "every logical channel splits into whole records",
+        unusable or ("" if exchanges is not None else NEEDS_EXCHANGES),
+        unusable=True,
     )
+    keyed = exchanges is not None and any(e.keyed for e in exchanges)
     placement = CheckResult(
-        "key-groups",
-        "every in-flight record is in its subtask's key groups",
-        ran=exchanges is not None and any(e.keyed for e in exchanges),
+        "key-groups", "every in-flight record is in its subtask's key groups", unusable or ("" if keyed else NEEDS_KEYS)
     )
-    duplicates = CheckResult("record-replicas", "no record held by more than one subtask", ran=placement.ran)
-    if exchanges is None:
+    duplicates = CheckResult("record-replicas", "no record held by more than one subtask", placement.skipped)
+    if exchanges is None or not usable:
         return [framing, placement, duplicates]
     metadata = session.metadata
     for scan in scan_exchanges(session.checkpoint, exchanges, session.engine):
@@ -201,24 +235,30 @@ def check_records(session: Session) -> list[CheckResult]:
 
 
 def check_target(session: Session, target: Optional[int]) -> CheckResult:
-    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible", ran=target is not None)
-    if target is not None:
-        try:
-            plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
-        except RescaleError as exc:
-            result.problems.append(Problem("target-parallelism", str(exc)))
+    if target is None:
+        return CheckResult("target-parallelism", "a rescale to a given parallelism is possible", "needs --target-parallelism N")
+    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible")
+    try:
+        plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
+    except RescaleError as exc:
+        result.problems.append(Problem("target-parallelism", str(exc)))
     return result
 
 
-def verify(session: Session, target: Optional[int] = None) -> VerifyReport:
+def verify(session: Session, target: Optional[int] = None, strict: bool = False) -> VerifyReport:
+    """Every check, in order. ``strict``: a check that could not run fails."""
     cp = session.checkpoint
     files = check_files(cp)
     checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp, session.plan)]
     usable = not any(c.problems for c in checks if c.unusable)
-    if usable:
-        checks += check_records(session)
+    checks += check_records(session, usable)
     checks.append(check_target(session, target))
-    return VerifyReport(cp.uri, checks)
+    if strict:
+        for check in checks:
+            if check.skipped:
+                check.problems.append(Problem(check.name, f"not checked: {check.skipped} (--strict)"))
+                check.skipped, check.unusable = "", False
+    return VerifyReport(cp.uri, checks, strict)
 
 
 def junit_xml(report: VerifyReport) -> str:
@@ -236,8 +276,8 @@ def junit_xml(report: VerifyReport) -> str:
     ET.SubElement(ET.SubElement(suite, "properties"), "property", name="checkpoint", value=report.checkpoint)
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname="ckpt.verify", name=check.name)
-        if not check.ran:
-            ET.SubElement(case, "skipped", message="needs --plan/--schema (or --target-parallelism)")
+        if check.skipped:
+            ET.SubElement(case, "skipped", message=check.skipped)
         for problem in check.problems:
             where = ", ".join(
                 f"{k} {v}"

@@ -148,6 +148,8 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
         if record_type:
             parse_type(record_type)  # fail early on a bad expression
         key = entry.get("key", [])
+        if entry.get("decoder"):
+            _plugin(str(entry["decoder"]))  # fail early on a plug-in that cannot be loaded
         exchanges.append(
             Exchange(
                 upstream_id=_resolve(metadata, entry["upstream"], "upstream") if "upstream" in entry else None,
