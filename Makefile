@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup demo test compat bench fixtures clean
+.PHONY: setup browser demo test compat bench fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml setup.py ckpt_tool/records/_framing.c
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
 # The bundled checkpoint (Flink 2.3, parallelism 2) is inspected, rescaled to 3, and restored by
 # real Flink 2.3 at parallelism 3, which counts every record exactly once.
 demo: setup
@@ -27,8 +30,9 @@ demo: setup
 	$(BIN)/ckpt rescale $(DEMO_CHECKPOINT) $(DEMO_OUT) --parallelism 3 $(DEMO_INPUTS)
 	$(BIN)/python fixtures/flink_env.py restore $(DEMO_OUT) --version 2.3.0 --parallelism 3
 
-# Lint, format check and type check first (seconds), then every test.
-test: setup
+# Lint, format check and type check first (seconds), then every test. The HTML report tests
+# look at pages in Debian's Chromium, installed here when missing.
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -29,8 +29,7 @@ def run_installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("engine", [[], ["--engine", "spark", "--spark-master", "local[2]"]], ids=["default", "spark"])
 def test_installed_binary_runs_from_anywhere_and_quietly(tmp_path, engine):
     destination = tmp_path / "out" / "job" / BASE.checkpoint.name
-    result = run_installed("rescale", str(BASE.checkpoint), str(destination), "-p", "3", "--json", *INPUTS, *engine,
-                           cwd=tmp_path)  # fmt: skip
+    result = run_installed("rescale", str(BASE.checkpoint), str(destination), "-p", "3", "--json", *INPUTS, *engine, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", "Spark's start-up lines stay silent without --verbose"
     report = json.loads(result.stdout)
@@ -39,8 +38,7 @@ def test_installed_binary_runs_from_anywhere_and_quietly(tmp_path, engine):
 
 
 def test_dry_run_is_quick_in_process_and_shows_real_figures(ckpt, tmp_path):
-    code, out, err = ckpt("rescale", str(BASE.checkpoint), str(tmp_path / "dry"), "-p", "3", "--dry-run", "--json",
-                          *INPUTS)  # fmt: skip
+    code, out, err = ckpt("rescale", str(BASE.checkpoint), str(tmp_path / "dry"), "-p", "3", "--dry-run", "--json", *INPUTS)
     assert code == 0, err
     report = json.loads(out)
     assert report["dry_run"] and report["estimated"] and report["engine"] == "local"
@@ -53,8 +51,7 @@ def test_footer_counts_what_was_carried_and_dropped(ckpt, tmp_path):
     code, out, err = ckpt("rescale", str(BASE.checkpoint), str(tmp_path / "same"), "-p", "2", *INPUTS)
     assert code == 0, err
     assert "records 0 in, 0 out" in out and "carried unchanged 26 buffers" in out
-    code, out, err = ckpt("repair", str(BASE.checkpoint), str(tmp_path / "dropped"), "--drop-in-flight", "slow-count",
-                          *INPUTS)  # fmt: skip
+    code, out, err = ckpt("repair", str(BASE.checkpoint), str(tmp_path / "dropped"), "--drop-in-flight", "slow-count", *INPUTS)
     assert code == 0, err
     assert "dropped 536 records" in out
 
@@ -85,8 +82,7 @@ def test_verify_names_what_it_skipped_and_strict_fails_it(ckpt):
     code, out, _ = ckpt("verify", str(BASE.checkpoint), "--json", "--strict")
     report = json.loads(out)
     assert code == 1 and report["status"] == "problems"
-    assert {p["check"] for p in report["problems"]} == {"record-framing", "key-groups", "record-replicas",
-                                                        "target-parallelism"}  # fmt: skip
+    assert {p["check"] for p in report["problems"]} == {"record-framing", "key-groups", "record-replicas", "target-parallelism"}
     code, out, _ = ckpt("verify", str(BASE.checkpoint), "--strict", "--target-parallelism", "3", *INPUTS)
     assert code == 0 and "status: sound" in out and "skipped" not in out.splitlines()[-1]
 

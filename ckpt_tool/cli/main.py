@@ -76,6 +76,21 @@ def session_options(command):
     return command
 
 
+def write_rescale_html(path: str, source, report, src: str, dst) -> None:
+    """The pictures of the checkpoint before and (unless nothing was written) after."""
+    from ckpt_tool.cli.html import rescale_html, write_html
+    from ckpt_tool.ops.inspect import inspect as run_inspect
+    from ckpt_tool.session import Session
+
+    before = run_inspect(source)
+    if dst is None:
+        write_html(path, rescale_html(before, None, report, src, "(dry run)"))
+        return
+    written = Session.open(dst, engine=source.engine)  # the source session's engine, stopped by it
+    written.plan, written.exchanges = source.plan, source.exchanges  # the same exchanges, in the new layout
+    write_html(path, rescale_html(before, run_inspect(written), report, src, dst))
+
+
 def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=True):
     """The session a command works in; Spark's own logging stays off unless --verbose."""
     from ckpt_tool.session import Session
@@ -88,7 +103,8 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 @click.argument("checkpoint")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @session_options
-def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> None:
+@click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots.")
+def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_file) -> None:
     """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
 
     With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
@@ -101,6 +117,10 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
         with progress_bar("scanning in-flight records", enabled=scanning and not as_json) as session.progress:
             report = run_inspect(session)
     output_for(as_json).inspect(report)
+    if html_file:
+        from ckpt_tool.cli.html import inspect_html, write_html
+
+        write_html(html_file, inspect_html(report, checkpoint))
     if report.problems:
         more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
         raise CkptError(f"{report.problems[0]}{more}; everything readable is shown above")
@@ -120,7 +140,10 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf) -> No
 @session_options
 @click.option("--dry-run", is_flag=True, help="Print the plan and what would be moved; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json) -> None:
+@click.option(
+    "--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots, before and after."
+)
+def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json, html_file):
     """Write to DST a copy of checkpoint SRC for a new parallelism.
 
     Every new subtask holds exactly the in-flight records of its key groups; keyed and operator
@@ -135,6 +158,8 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     with open_session(src, schema, plan, engine, spark_master, conf) as session:
         with progress_bar("rescaling", enabled=not as_json) as session.progress:
             report = run_rescale(session, dst, parallelism, overrides, dry_run)
+        if html_file:
+            write_rescale_html(html_file, session, report, src, None if dry_run else dst)
     output_for(as_json).rescale(report)
 
 

@@ -25,6 +25,7 @@ from ckpt_tool.flink.model import (
     IncrementalKeyedHandle,
     KeyGroupsHandle,
     OperatorState,
+    SubtaskState,
 )
 from ckpt_tool.session import Session
 
@@ -64,17 +65,18 @@ class ChannelSummary:
 
 
 @dataclass
-class SubtaskSummary:
-    index: int
-    finished: bool
-    channels: list[ChannelSummary]
-
-
-@dataclass
 class StateSizes:
     keyed: int
     operator: int
     channel: int
+
+
+@dataclass
+class SubtaskSummary:
+    index: int
+    finished: bool
+    channels: list[ChannelSummary]
+    state_size: StateSizes
 
 
 @dataclass
@@ -104,7 +106,13 @@ class OperatorSummary:
             "channel_state": {k: asdict(v) for k, v in self.channel_state.items()},
             "state_size": asdict(self.state_size),
             "subtasks": [
-                {"index": s.index, "finished": s.finished, "channels": [c.as_dict() for c in s.channels]} for s in self.subtasks
+                {
+                    "index": s.index,
+                    "finished": s.finished,
+                    "state_size": asdict(s.state_size),
+                    "channels": [c.as_dict() for c in s.channels],
+                }
+                for s in self.subtasks
             ],
         }
 
@@ -183,8 +191,9 @@ def _keyed_size(handle) -> int:
     return getattr(handle, "state_size", 0)
 
 
-def _state_sizes(op: OperatorState) -> StateSizes:
-    live = [s for s in op.subtasks if not s.finished]
+def _state_sizes(subtasks: list[SubtaskState]) -> StateSizes:
+    """Bytes of keyed, operator and channel state of the running subtasks among ``subtasks``."""
+    live = [s for s in subtasks if not s.finished]
     return StateSizes(
         sum(_keyed_size(s.managed_keyed) + _keyed_size(s.raw_keyed) for s in live),
         sum(h.delegate.size for s in live for h in (s.managed_operator, s.raw_operator) if h and h.delegate),
@@ -202,6 +211,7 @@ def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSumma
                 for direction in (INPUT, OUTPUT)
                 for h in s.channel_handles(direction)
             ],
+            _state_sizes([s]),
         )
         for s in op.subtasks
     ]
@@ -213,7 +223,7 @@ def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSumma
         op.max_parallelism,
         op.finished,
         {INPUT: _channel_totals(op, INPUT), OUTPUT: _channel_totals(op, OUTPUT), UPSTREAM_OUTPUT: BufferTotals()},
-        _state_sizes(op),
+        _state_sizes(op.subtasks),
         subtasks,
     )
 

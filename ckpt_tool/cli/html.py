@@ -1,0 +1,164 @@
+"""Pictures of a checkpoint: one self-contained HTML file of Plotly figures (``--html FILE``).
+
+- per exchange, a heatmap of in-flight bytes by upstream × downstream subtask (with a plan or
+  schema; without, one per operator input gate and output partition, from the metadata);
+- per keyed exchange, the key-group histogram with each downstream subtask's range marked;
+- state sizes (keyed, operator, channel) per operator and subtask.
+
+``rescale --html`` shows the same for the checkpoint before and after. Plotly's JavaScript is
+embedded once, so the file opens without a network.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Optional
+
+from ckpt_tool.exchanges import ExchangeScan
+from ckpt_tool.ops.inspect import INPUT, InspectReport
+from ckpt_tool.rewrite import RescaleReport
+
+STATE_KINDS = ("keyed", "operator", "channel")
+
+
+def _figures(report: InspectReport) -> list:
+    figures = [_state_sizes(report)]
+    labels = {o.id: o.label for o in report.operators}
+    if report.exchanges is not None:
+        for scan in report.exchanges:
+            if scan.channels:
+                figures.append(_exchange_heatmap(scan, labels))
+                if scan.keyed:
+                    figures.append(_key_group_histogram(scan, labels))
+    else:
+        figures += _channel_heatmaps(report)
+    return figures
+
+
+def _state_sizes(report: InspectReport):
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    bars = [(o.label, s) for o in report.operators for s in o.subtasks if not s.finished]
+    for kind in STATE_KINDS:
+        figure.add_bar(
+            name=f"{kind} state",
+            x=[[label for label, _ in bars], [f"#{s.index}" for _, s in bars]],
+            y=[getattr(s.state_size, kind) for _, s in bars],
+        )
+    figure.update_layout(title="State size per operator and subtask (bytes)", barmode="stack", yaxis_title="bytes")
+    return figure
+
+
+def _heatmap(title: str, cells: dict[tuple[int, int], int], x_title: str, y_title: str):
+    import plotly.graph_objects as go
+
+    columns = max((x for x, _ in cells), default=0) + 1
+    rows = max((y for _, y in cells), default=0) + 1
+    z = [[cells.get((x, y), 0) for x in range(columns)] for y in range(rows)]
+    figure = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(columns)),
+            y=list(range(rows)),
+            colorscale="Viridis",
+            colorbar={"title": "bytes"},
+            hovertemplate="%{y} → %{x}: %{z} bytes<extra></extra>",
+        )
+    )
+    figure.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_dtick=1, yaxis_dtick=1)
+    return figure
+
+
+def _exchange_heatmap(scan: ExchangeScan, labels: dict[str, str]):
+    exchange = scan.exchange
+    cells = {(c.downstream_subtask, c.upstream_subtask): c.bytes for c in scan.channels}
+    name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
+    title = f"In-flight bytes, exchange {name} (gate {exchange.gate}, {scan.partitioner or '?'})"
+    return _heatmap(title, cells, "downstream subtask", "upstream subtask")
+
+
+def _channel_heatmaps(report: InspectReport) -> list:
+    """Without a plan: per operator, in-flight bytes by subtask × input channel (per gate) and by
+    subtask × subpartition (per output partition)."""
+    grids: dict[tuple[str, str, int], dict[tuple[int, int], int]] = defaultdict(dict)
+    labels = {}
+    for o in report.operators:
+        for s in o.subtasks:
+            for ch in s.channels:
+                key = (o.id, ch.direction, ch.info[0])
+                labels[key] = o.label
+                grids[key][(s.index, ch.info[1])] = grids[key].get((s.index, ch.info[1]), 0) + ch.bytes
+    figures = []
+    for (op_id, direction, index), cells in sorted(grids.items()):
+        side = f"gate {index}" if direction == INPUT else f"partition {index}"
+        what = "input channel" if direction == INPUT else "subpartition"
+        title = f"In-flight bytes, {labels[(op_id, direction, index)]}, {direction} {side}"
+        figures.append(_heatmap(title, cells, "subtask", what))
+    return figures
+
+
+def _key_group_histogram(scan: ExchangeScan, labels: dict[str, str]):
+    import plotly.graph_objects as go
+
+    histogram = scan.key_group_histogram
+    groups = sorted(histogram)
+    figure = go.Figure(go.Bar(x=groups, y=[histogram[g] for g in groups], name="records"))
+    for index, owned in enumerate(scan.subtask_key_groups):
+        figure.add_vrect(
+            x0=owned.start - 0.5,
+            x1=owned.stop - 0.5,
+            fillcolor="LightSalmon" if index % 2 else "LightSkyBlue",
+            opacity=0.25,
+            line_width=0,
+            annotation_text=f"subtask {index}",
+            annotation_position="top left",
+        )
+    exchange = scan.exchange
+    name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
+    figure.update_layout(
+        title=f"Key-group histogram, exchange {name}, with each subtask's key groups",
+        xaxis_title="key group",
+        yaxis_title="records",
+    )
+    return figure
+
+
+def _page(title: str, sections: Sequence[tuple[Optional[str], list]], summary: str = "") -> str:
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>",
+        "<body style='font-family: sans-serif; margin: 2em'>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if summary:
+        parts.append(f"<p>{html.escape(summary)}</p>")
+    first = True
+    for heading, figures in sections:
+        if heading:
+            parts.append(f"<h2>{html.escape(heading)}</h2>")
+        for figure in figures:
+            parts.append(figure.to_html(full_html=False, include_plotlyjs=first, default_height="480px"))
+            first = False
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def inspect_html(report: InspectReport, checkpoint: str) -> str:
+    return _page(f"ckpt inspect {checkpoint}", [(None, _figures(report))])
+
+
+def rescale_html(before: InspectReport, after: Optional[InspectReport], report: RescaleReport, src: str, dst: str) -> str:
+    """Before and after; a dry run has only a before."""
+    from ckpt_tool.cli.output import rescale_footer
+
+    sections = [(f"Before: {src}", _figures(before))]
+    if after is not None:
+        sections.append((f"After: {dst}", _figures(after)))
+    return _page(f"ckpt rescale {src} → {dst}", sections, rescale_footer(report))
+
+
+def write_html(path: str, page: str) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(page)
