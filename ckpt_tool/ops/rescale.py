@@ -13,7 +13,6 @@ from typing import Optional
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
-from ckpt_tool.writer import check_destination
 
 
 def rescale(
@@ -25,7 +24,4 @@ def rescale(
 ) -> RescaleReport:
     """Write to ``dst`` the session's checkpoint for the new parallelism (nothing with ``dry_run``)."""
     plan = plan_rescale(session.metadata, parallelism, overrides or {}, session.described_exchanges, session.plan)
-    check_destination(dst, session.checkpoint.uri)  # a refusal should come before the engine starts
-    if not dry_run:
-        session.start_engine()
     return rewrite(session, dst, plan, dry_run)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,11 +69,6 @@ def fresh_destination(dst: str) -> Iterator[None]:
             if uri not in before:
                 io.delete(uri)
         raise
-
-
-def relocate(src: Checkpoint, dst: str, progress: Progress = None) -> CheckpointMetadata:
-    """Copy a checkpoint to ``dst`` with every file it references, so that it restores from there."""
-    return write_checkpoint(src, copy.deepcopy(src.metadata), dst, {}, progress)
 
 
 def write_checkpoint(
