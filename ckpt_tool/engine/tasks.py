@@ -16,13 +16,14 @@ returns small figures.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Optional
+
+import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.channel_state import (
@@ -188,7 +189,7 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
     result = RoutedFile(task.exchange_index, task.new_channel, task.file_name)
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
-    digests: dict[int, Any] = {}  # hashlib digests in progress, by target
+    digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
     with ChannelStateReader() as reader:
 
         def pieces():
@@ -198,7 +199,7 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
                 with naming(f"{spec.label}, channels from upstream subtask {channels[0].upstream_subtask}"):
                     for target, framed, count in route_upstream(decoded, spec, keys, result.counters):
                         records[target] += count
-                        digests.setdefault(target, hashlib.blake2b(digest_size=16)).update(framed)
+                        digests.setdefault(target, xxhash.xxh3_128()).update(framed)
                         yield target, framed
 
         writer = write_channel_state_file(io_for(dst), join(dst, task.file_name), pieces())
@@ -243,7 +244,7 @@ def read_back(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
             extents += [(offset, 4 + length) for offset, length in zip(offsets, lengths)]
             records = frame_channel(stream)
             whole = stream[: len(stream) - records.trailing]
-            digest = hashlib.blake2b(whole, digest_size=16).digest()
+            digest = xxhash.xxh3_128(whole).digest()
             backs.append(ReadBack(key, int(records.is_record.sum()), digest, records.trailing))
     position = len(HEADER)
     for offset, extent in sorted(extents):
