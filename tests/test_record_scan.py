@@ -39,3 +39,9 @@ def test_keyed_records_sit_in_their_subtasks_key_groups(fixture):
 
 def test_spark_and_local_engines_agree(fixture, spark):
     assert scan(fixture, spark) == scan(fixture, LocalEngine())
+
+
+def test_one_process_per_core_gives_the_same_figures(fixture):
+    from ckpt_tool.engine import LocalEngine
+
+    assert scan(fixture, LocalEngine(workers=2)) == scan(fixture, LocalEngine())

@@ -57,7 +57,8 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, int]:
 
 ENGINE_HELP = (
     "Where the record path runs: in-process (local), on Spark, or auto: Spark when the checkpoint holds more than "
-    f"{LOCAL_LIMIT_BYTES // 2**20} MiB of in-flight data or --spark-master is given, else in-process."
+    f"{LOCAL_LIMIT_BYTES // 2**30} GiB of in-flight data or --spark-master is given, else on this machine "
+    "(one process per core)."
 )
 
 

@@ -11,6 +11,7 @@ it with the same one-line message and exit code.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -23,7 +24,8 @@ from typing import Optional
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 
 Progress = Optional[Callable[[int, int], None]]
-LOCAL_LIMIT_BYTES = 256 * 1024 * 1024  # "auto" runs more in-flight data than this on Spark
+LOCAL_LIMIT_BYTES = 8 * 1024**3  # "auto" runs more in-flight data than this on Spark
+POOL_MIN_BYTES = 32 * 1024**2  # in-process with one worker per core above this; below, forking costs more
 
 # What executors need to reach S3 with boto3 as the driver does (no Hadoop S3 jars involved).
 S3_ENVIRONMENT = (
@@ -105,15 +107,40 @@ class Engine:
 
 
 class LocalEngine(Engine):
+    """This machine: the tasks run in this process, or with ``workers`` > 1 in that many forked
+    processes (one per core), results in the order of the tasks."""
+
     name = "local"
 
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
     def _map(self, function, items, progress, one_per_partition):
-        results = []
-        for done, item in enumerate(items, start=1):
-            results.append(function(item))
-            if progress:
-                progress(done, len(items))
+        if self.workers <= 1 or len(items) <= 1:
+            results = []
+            for done, item in enumerate(items, start=1):
+                results.append(function(item))
+                if progress:
+                    progress(done, len(items))
+            return results
+        import multiprocessing
+
+        import cloudpickle  # the task functions are closures, which pickle cannot carry
+
+        apply = functools.partial(_apply_pickled, cloudpickle.dumps(function))
+        with multiprocessing.get_context("fork").Pool(min(self.workers, len(items))) as pool:
+            results = []
+            for done, result in enumerate(pool.imap(apply, items, chunksize=1), start=1):
+                results.append(result)
+                if progress:
+                    progress(done, len(items))
         return results
+
+
+def _apply_pickled(function: bytes, item):
+    import cloudpickle
+
+    return cloudpickle.loads(function)(item)
 
 
 # The driver's JVM only schedules tasks (records go through Python workers): its C1 compiler
@@ -222,8 +249,16 @@ class SparkEngine(Engine):
 
 
 def _last_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    """What went wrong, in one line: a Python worker's exception (the line after its traceback),
+    else the first line of the JVM's message."""
+    lines = str(exc).splitlines()
+    for index, line in enumerate(lines):
+        if line.strip().endswith("Traceback (most recent call last):"):
+            raised = next((x for x in lines[index + 1 :] if x.strip() and not x.startswith((" ", "\t"))), "")
+            if raised:
+                return raised.strip()
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return first or type(exc).__name__
 
 
 ENGINES = ("auto", "local", "spark")
@@ -233,7 +268,8 @@ def make_engine(
     choice: str, data_bytes: int, master: Optional[str] = None, conf: Optional[dict] = None, quiet: bool = True
 ) -> Engine:
     """``local`` or ``spark`` as asked; ``auto`` is Spark for more than LOCAL_LIMIT_BYTES of
-    in-flight data or when a master is given, else in-process."""
+    in-flight data or when a master is given, else local. Local work above POOL_MIN_BYTES uses
+    one process per core."""
     if choice == "spark" or (choice == "auto" and (master or data_bytes > LOCAL_LIMIT_BYTES)):
         return SparkEngine(master or "local[*]", conf, quiet)
-    return LocalEngine()
+    return LocalEngine((os.cpu_count() or 1) if data_bytes > POOL_MIN_BYTES else 1)
