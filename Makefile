@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup browser demo test compat bench fixtures clean
+.PHONY: setup browser demo test conformance compat bench fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ test: setup browser
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -rs
+
+# Every job shape Flink's own rescale tests rescale, on Flink 2.3 and 1.20 (a table; see tests/conformance.py).
+conformance: setup
+	$(BIN)/python tests/conformance.py
 
 # Every Flink version's fixture: read, round trip, rescale restore, repair restore (a table).
 compat: setup

@@ -85,3 +85,26 @@ def test_inspect_with_schema_json(ckpt):
 def test_inspect_with_schema_tables(ckpt):
     code, out, _ = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", str(FIXTURES / "countjob.schema.toml"))
     assert code == 0 and "Key-group histogram" in out and "misplaced 0, duplicates 0" in out
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f'[[exchange]]\ndownstream = "{SLOW}"\ngate = 7\n', "(gate 7): the plan has no such input"),
+        (f'[[exchange]]\nupstream = "map-small"\ndownstream = "{SLOW}"\ngate = 0\n', "the plan says it comes from map-main"),
+        (f'[[exchange]]\ndownstream = "{SLOW}"\npartitioner = "REBALANCE"\n', "partitioner REBALANCE, the plan says HASH"),
+    ],
+)
+def test_schema_that_disagrees_with_the_plan_is_refused(ckpt, tmp_path, text, message):
+    for command in (["inspect"], ["rescale", str(tmp_path / "out"), "-p", "3"]):
+        code, out, err = ckpt(
+            command[0], str(FIXTURE.checkpoint), *command[1:], "--plan", FIXTURE.plan, "--schema", write(tmp_path, text)
+        )
+        assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_of_another_job_is_exit_2(ckpt, tmp_path):
+    other = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
+    code, _, err = ckpt("rescale", str(FIXTURE.checkpoint), str(tmp_path / "out"), "-p", "3", "--plan", other.plan)
+    assert code == 2 and "is not the plan of this checkpoint's job" in err

@@ -180,15 +180,29 @@ def plan_exchanges(plan: JobPlan) -> list[Exchange]:
     ]
 
 
-def merge_exchanges(from_plan: list[Exchange], from_schema: list[Exchange]) -> list[Exchange]:
-    """Plan exchanges, with the schema's facts laid over the one with the same downstream and gate."""
+def merge_exchanges(
+    from_plan: list[Exchange], from_schema: list[Exchange], metadata: Optional[CheckpointMetadata] = None
+) -> list[Exchange]:
+    """Plan exchanges, with the schema's facts laid over the one with the same downstream and gate.
+    With a plan, an exchange of the schema must be one of the plan's and agree with it."""
     merged = {(e.downstream_id, e.gate): e for e in from_plan}
     for entry in from_schema:
-        base = merged.get((entry.downstream_id, entry.gate))
+        key = (entry.downstream_id, entry.gate)
+        base = merged.get(key)
+        where = f"schema exchange into {metadata.label(entry.downstream_id) if metadata else entry.downstream_id}"
+        if from_plan and base is None:
+            raise SchemaError(f"{where} (gate {entry.gate}): the plan has no such input")
         if base is not None:
+            if entry.upstream_id and base.upstream_id and entry.upstream_id != base.upstream_id:
+                upstream = metadata.label(base.upstream_id) if metadata else base.upstream_id
+                raise SchemaError(f"{where} (gate {entry.gate}): the plan says it comes from {upstream}")
+            if entry.partitioner and base.partitioner and entry.partitioner != base.partitioner:
+                raise SchemaError(
+                    f"{where} (gate {entry.gate}): partitioner {entry.partitioner}, the plan says {base.partitioner}"
+                )
             entry.upstream_id = entry.upstream_id or base.upstream_id
             entry.partitioner = entry.partitioner or base.partitioner
-        merged[(entry.downstream_id, entry.gate)] = entry
+        merged[key] = entry
     return list(merged.values())
 
 
@@ -196,4 +210,4 @@ def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Op
     """The exchanges a plan and/or a schema file describe (schema facts win)."""
     from_plan = plan_exchanges(plan) if plan else []
     from_schema = load_schema(schema, metadata) if schema else []
-    return merge_exchanges(from_plan, from_schema)
+    return merge_exchanges(from_plan, from_schema, metadata)

@@ -1,0 +1,325 @@
+"""`make conformance`: ckpt rescales every job shape Flink's own rescale tests rescale, and real Flink
+agrees, cell by cell.
+
+    python tests/conformance.py                     # the whole grid on Flink 2.3.0 and 1.20.3
+    python tests/conformance.py --versions 2.3.0 --topologies pipeline union
+
+The jobs are fixtures/java/ConformanceJob.java (the shapes of Flink's UnalignedCheckpointRescaleITCase:
+pipeline, union, multi_input, keyed_different_parallelism, broadcast, keyed_broadcast, and ckpt's own
+stateless_sink and partially_finished). Each cell `topology old->new`:
+
+1. capture: real Flink runs the job at `old` under backpressure (a slow sink) with unaligned
+   checkpoints and keeps a checkpoint; Flink's own classes (fixtures/java/ConformanceReader.java)
+   must find in-flight data on every exchange whose parallelism changes (a broadcast exchange must
+   hold none);
+2. ckpt rescale: the installed `ckpt` binary, from another directory, without an activated
+   virtualenv, default engine, with the job's plan and a schema;
+3. reader: Flink's classes read the output: every exchange holds the same records as before
+   (multiset of ids) and every record of a keyed exchange sits in its key group's subtask;
+4. restore: real Flink restores the output at `new` and runs to the end; the sink logs every id
+   it receives, so the ids it had before the checkpoint (in the capture's log, before the
+   checkpoint's barrier) and the ids of the restored run must together be every id exactly once.
+
+Captures are shared by the cells that start from the same parallelism. The last line is
+`conformance: P passed, F failed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "fixtures"))
+
+import flink_env  # noqa: E402
+
+CKPT = Path(sys.executable).parent / "ckpt"  # the console script pip installed
+VERSIONS = ("2.3.0", "1.20.3")
+RECORDS = 200_000  # ids 0..RECORDS-1, each through the job exactly once
+SINK_BUSY_US = 20  # the sink's time per record: it backpressures the whole job
+GRID: dict[str, list[tuple[int, int]]] = {
+    "pipeline": [(1, 2), (2, 1), (3, 7), (7, 3), (20, 21), (21, 20), (3, 3)],
+    "union": [(2, 3), (3, 2), (4, 8), (8, 4), (2, 2)],
+    "multi_input": [(1, 2), (2, 1), (3, 7), (7, 3), (7, 7)],
+    "keyed_different_parallelism": [(2, 3), (3, 2), (4, 8), (8, 4), (4, 4)],
+    "broadcast": [(1, 2), (2, 1), (3, 7), (7, 3), (3, 3)],
+    "keyed_broadcast": [(2, 3), (3, 2), (4, 8), (8, 4), (2, 2)],
+    "stateless_sink": [(3, 5), (3, 2), (2, 3), (4, 8), (8, 4), (3, 3)],
+    "partially_finished": [(4, 1), (2, 3), (3, 2), (4, 8), (8, 4), (4, 4)],
+}
+# CI runs one cell per topology (tests/test_conformance.py).
+CI_CELLS = [
+    ("pipeline", 1, 2),
+    ("union", 2, 3),
+    ("multi_input", 2, 1),
+    ("keyed_different_parallelism", 2, 3),
+    ("broadcast", 1, 2),
+    ("keyed_broadcast", 2, 3),
+    ("stateless_sink", 3, 5),
+    ("partially_finished", 4, 1),
+]
+
+
+class CellFailure(Exception):
+    def __init__(self, step: str, detail: str):
+        super().__init__(f"{step}: {detail}")
+        self.step = step
+
+
+@dataclass
+class Capture:
+    """A checkpoint real Flink wrote for one topology at one parallelism, with what it knows of it."""
+
+    checkpoint: Path
+    graph: dict
+    plan: Path
+    log: Path
+    reading: dict  # ConformanceReader's view
+
+    @property
+    def checkpoint_id(self) -> int:
+        return int(self.checkpoint.name.split("-")[1])
+
+
+@dataclass
+class Conformance:
+    version: str
+    work: Path
+    captures: dict = field(default_factory=dict)
+
+    def java(self, main: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return flink_env.run_java(self.version, main, list(args), timeout=timeout)
+
+    def job(self, mode: str, topology: str, parallelism: int, where: Path, *extra: str) -> subprocess.CompletedProcess:
+        return self.java(
+            "ConformanceJob",
+            f"mode={mode}",
+            f"topology={topology}",
+            f"parallelism={parallelism}",
+            f"n={RECORDS}",
+            f"busy-us={SINK_BUSY_US}",
+            f"checkpoint-dir={where / 'ck'}",
+            f"log-dir={where / 'logs'}",
+            f"plan-dir={where / 'plan'}",
+            *extra,
+        )
+
+    def read(self, checkpoint: Path, graph: Path) -> dict:
+        result = self.java("ConformanceReader", str(checkpoint), str(graph))
+        if result.returncode:
+            raise CellFailure("reader", result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed")
+        return json.loads(result.stdout)
+
+    def capture(self, topology: str, parallelism: int) -> Capture:
+        key = (topology, parallelism)
+        if key not in self.captures:
+            where = self.work / f"{topology}-{parallelism}"
+            result = self.job("capture", topology, parallelism, where, "target-checkpoint=3")
+            if result.returncode or "CAPTURED " not in result.stdout:
+                self.captures[key] = CellFailure("capture", (result.stderr.strip() or "no checkpoint").splitlines()[-1])
+            else:
+                checkpoint = Path(result.stdout.split("CAPTURED ")[1].split()[0])
+                graph = json.loads((where / "plan" / "graph.json").read_text())
+                reading = self.read(checkpoint, where / "plan" / "graph.json")
+                self.captures[key] = Capture(
+                    checkpoint, graph, where / "plan" / "plan.json", where / "logs" / "capture-sink-0.log", reading
+                )
+        found = self.captures[key]
+        if isinstance(found, CellFailure):
+            raise found
+        return found
+
+    def new_parallelism(self, topology: str, parallelism: int, cell: Path) -> dict[str, int]:
+        """Each operator's parallelism in the job at ``parallelism``, from Flink's own job graph."""
+        result = self.job("plan", topology, parallelism, cell / "new")
+        if result.returncode:
+            raise CellFailure("capture", f"plan at {parallelism}: {result.stderr.strip()[-300:]}")
+        graph = json.loads((cell / "new" / "plan" / "graph.json").read_text())
+        return {op["id"]: v["parallelism"] for v in graph["vertices"] for op in v["operators"]}
+
+    def cell(self, topology: str, old: int, new: int, source: Capture | None = None, name: str = "") -> None:
+        """One cell; ``source`` replaces the captured checkpoint (a checkpoint derived from it)."""
+        source = source or self.capture(topology, old)
+        cell = self.work / f"{topology}-{old}-{new}{name}"
+        after = self.new_parallelism(topology, new, cell)
+        before = {op["id"]: v["parallelism"] for v in source.graph["vertices"] for op in v["operators"]}
+        check_in_flight(source, before, after)
+        if topology == "partially_finished" and old > 1:
+            source_id = next(v["operators"][0]["id"] for v in source.graph["vertices"] if not v["inputs"])
+            if source.reading["operators"][source_id]["finished"] != "partial":
+                raise CellFailure("capture", "the source is not partially finished")
+        destination = cell / "out" / source.checkpoint.parent.name / source.checkpoint.name
+        rescale(source, destination, old, new, before, after, cell)
+        check_records(source.reading, self.read(destination, source.plan.parent / "graph.json"))
+        restored = self.job("restore", topology, new, cell, f"restore={destination}")
+        if restored.returncode:
+            raise CellFailure("restore", (restored.stderr.strip() or "failed").splitlines()[-1][:300])
+        check_exactly_once(source, cell / "logs")
+
+
+ALIGNED_ONLY = ("BROADCAST", "FORWARD", "RESCALE")
+
+
+def check_in_flight(source: Capture, before: dict, after: dict) -> None:
+    """Every exchange whose parallelism changes holds in-flight data, except the inputs of a vertex
+    that has a broadcast or pointwise input: Flink checkpoints all inputs of such a vertex aligned
+    (StreamGraphGenerator), so they must hold none."""
+    aligned = {e["downstream"] for e in source.reading["exchanges"] if e["ship_strategy"] in ALIGNED_ONLY}
+    for exchange in source.reading["exchanges"]:
+        changes = any(before[op] != after[op] for op in (exchange["upstream"], exchange["downstream"]))
+        records = len(exchange["records"])
+        name = f"{exchange['ship_strategy']} exchange into {exchange['downstream']}"
+        if exchange["downstream"] in aligned:
+            if records:
+                raise CellFailure("in-flight", f"{name} holds {records} records, though Flink aligns it")
+        elif changes and not records:
+            raise CellFailure("in-flight", f"{name} holds no in-flight data")
+
+
+def schema(graph: dict) -> str:
+    """The TOML schema of a conformance job: every exchange by operator id, Tuple3<Long,Long,String> keyed by f1."""
+    vertices = {v["id"]: v for v in graph["vertices"]}
+    lines = []
+    for vertex in graph["vertices"]:
+        for edge in vertex["inputs"]:
+            upstream = vertices[edge["upstream_vertex"]]["operators"][-1]["id"]
+            lines += [
+                "[[exchange]]",
+                f'upstream = "{upstream}"',
+                f'downstream = "{vertex["operators"][0]["id"]}"',
+                f"gate = {edge['gate']}",
+                f"partition = {edge['partition']}",
+                f'partitioner = "{edge["ship_strategy"]}"',
+                'type = "tuple<long,long,string>"',
+            ]
+            if edge["ship_strategy"] == "HASH":
+                lines.append('key = ["f1"]')
+            lines.append("")
+    return "\n".join(lines)
+
+
+def rescale(source: Capture, destination: Path, old: int, new: int, before: dict, after: dict, cell: Path) -> None:
+    """The installed ckpt, run as a user runs it: by path, from another directory, no virtualenv."""
+    (cell / "schema.toml").write_text(schema(source.graph))
+    overrides = [
+        f"--operator={op}={after[op]}" for op in sorted(after) if after[op] != (new if before[op] == old else before[op])
+    ]
+    command = [
+        str(CKPT),
+        "rescale",
+        str(source.checkpoint),
+        str(destination),
+        "--parallelism",
+        str(new),
+        "--plan",
+        str(source.plan),
+        "--schema",
+        str(cell / "schema.toml"),
+        "--json",
+        *overrides,
+    ]
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    with tempfile.TemporaryDirectory() as elsewhere:
+        result = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode:
+        raise CellFailure("ckpt rescale", (result.stderr.strip() or f"exit {result.returncode}").splitlines()[-1][:400])
+    report = json.loads(result.stdout)
+    if report["records_out"] != report["records_in"] - report["replicas_removed"]:
+        raise CellFailure("ckpt rescale", f"{report['records_in']} records in, {report['records_out']} out")
+
+
+def check_records(before: dict, after: dict) -> None:
+    """Per exchange the same records, and every keyed record in its key group's subtask."""
+    old = {(e["downstream"], e["gate"]): e for e in before["exchanges"]}
+    for exchange in after["exchanges"]:
+        name = f"{exchange['ship_strategy']} exchange into {exchange['downstream']} (gate {exchange['gate']})"
+        was = old[(exchange["downstream"], exchange["gate"])]
+        if exchange["records"] != was["records"]:
+            missing = len(set(was["records"]) - set(exchange["records"]))
+            raise CellFailure(
+                "reader", f"{name}: {len(exchange['records'])} records, {len(was['records'])} before ({missing} lost)"
+            )
+        if exchange["misplaced"] or exchange["partial_channels"]:
+            raise CellFailure("reader", f"{name}: {exchange['misplaced']} records outside their key groups")
+
+
+def sink_ids(log: Path, until_barrier: int | None = None) -> list[int]:
+    ids = []
+    for line in log.read_text().splitlines():
+        if line == f"B {until_barrier}":
+            return ids
+        if line and line[0].isdigit():
+            ids.append(int(line))
+    if until_barrier is not None:
+        raise CellFailure("restore", f"{log.name} has no barrier of checkpoint {until_barrier}")
+    return ids
+
+
+def check_exactly_once(source: Capture, logs: Path) -> None:
+    """The sink's ids before the checkpoint and the restored run's ids: every id exactly once."""
+    earlier = sink_ids(source.log, source.checkpoint_id)
+    restored_log = logs / "restore-sink-0.log"
+    if not restored_log.exists() or not restored_log.read_text().rstrip().endswith("END"):
+        raise CellFailure("restore", "the restored job did not run to the end")
+    later = sink_ids(restored_log)
+    seen = earlier + later
+    duplicates = len(seen) - len(set(seen))
+    lost = RECORDS - len(set(seen))
+    if duplicates or lost:
+        raise CellFailure("restore", f"{lost} records lost, {duplicates} duplicated ({len(earlier)} + {len(later)} seen)")
+
+
+def run(cells: list[tuple[str, int, int]], versions: list[str]) -> dict:
+    results: dict = {}
+    for version in versions:
+        with tempfile.TemporaryDirectory(prefix=f"ckpt-conformance-{version}-") as tmp:
+            conformance = Conformance(version, Path(tmp))
+            for topology, old, new in cells:
+                started = time.perf_counter()
+                try:
+                    conformance.cell(topology, old, new)
+                    outcome = "pass"
+                except CellFailure as failure:
+                    outcome = f"FAIL ({failure})"
+                results[(topology, old, new, version)] = outcome
+                print(
+                    f"  {version} {topology} {old}->{new}: {outcome} ({time.perf_counter() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
+    parser.add_argument("--topologies", nargs="+", default=list(GRID))
+    parser.add_argument("--ci", action="store_true", help="only the cells CI runs")
+    args = parser.parse_args(argv)
+    cells = (
+        [c for c in CI_CELLS if c[0] in args.topologies]
+        if args.ci
+        else [(t, old, new) for t in args.topologies for old, new in GRID[t]]
+    )
+    started = time.perf_counter()
+    results = run(cells, args.versions)
+    print("| topology | old -> new | " + " | ".join(f"Flink {v}" for v in args.versions) + " |")
+    print("|---|---|" + "---|" * len(args.versions))
+    for topology, old, new in cells:
+        row = [results[(topology, old, new, v)] for v in args.versions]
+        print(f"| {topology} | {old} -> {new} | " + " | ".join(row) + " |")
+    passed = sum(r == "pass" for r in results.values())
+    print(f"conformance: {passed} passed, {len(results) - passed} failed ({time.perf_counter() - started:.0f} s)")
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
