@@ -13,14 +13,13 @@ import traceback
 
 import click
 
-from ckpt_tool import __version__
 from ckpt_tool.cli.output import output_for, progress_bar
 from ckpt_tool.engine import ENGINES, LOCAL_LIMIT_BYTES
 from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="ckpt")
+@click.version_option(package_name="ckpt-tool", prog_name="ckpt")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
 @click.pass_context

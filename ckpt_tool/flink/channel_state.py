@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
+import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
@@ -97,6 +98,25 @@ class ChannelStateReader:
         data, offsets = self._data(source)
         stream = _payloads(data, offsets, source.where)
         return stream, [_LENGTH.unpack_from(data, o)[0] for o in offsets]
+
+    def buffer_digests(self, source: BufferSource, min_bytes: int = 0) -> list[bytes]:
+        """An xxh3-128 digest of each buffer of at least ``min_bytes``, read where it lies (no copy)."""
+        data, offsets = self._data(source)
+        if offsets and min(offsets) < len(HEADER):
+            raise CheckpointFormatError(f"{source.where}: buffer offset {min(offsets)} is inside the file header")
+        try:
+            sizes = np.frombuffer(_framing.lengths(data, np.asarray(offsets, dtype=np.int64)), dtype=np.int64)
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{source.where}: {exc}") from None
+        view = memoryview(data)
+        try:
+            return [
+                xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
+                for offset, size in zip(offsets, sizes.tolist())
+                if size >= min_bytes
+            ]
+        finally:
+            view.release()
 
     def buffers(self, source: BufferSource) -> list[bytes]:
         """The payloads of the source's buffers, one by one."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
@@ -67,6 +67,7 @@ class Checkpoint:
     io: FileIO
     metadata: CheckpointMetadata
     paths: PathMapping
+    _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
@@ -88,10 +89,12 @@ class Checkpoint:
         return None
 
     def file_location(self, handle: FileHandle | RelativeFileHandle | SegmentFileHandle) -> str:
-        """Where a file handle's file is now."""
-        if isinstance(handle, RelativeFileHandle):
-            return join(self.uri, handle.relative_path)
-        return self.paths.resolve(handle.path)
+        """Where a file handle's file is now (each path resolved once: checkpoints hold thousands)."""
+        relative = isinstance(handle, RelativeFileHandle)
+        key = (relative, handle.relative_path if isinstance(handle, RelativeFileHandle) else handle.path)
+        if key not in self._locations:
+            self._locations[key] = join(self.uri, key[1]) if relative else self.paths.resolve(key[1])
+        return self._locations[key]
 
     def referenced_files(self) -> list[str]:
         """Every file the metadata references, where it is now, without duplicates."""

@@ -28,6 +28,8 @@ def encode_modified_utf8(text: str) -> bytes:
 
 def decode_modified_utf8(data: bytes) -> str:
     """Decode like java.io.DataInput.readUTF; raises ValueError on malformed input."""
+    if data.isascii():  # every byte below 0x80 is the char of the same code, NUL included
+        return data.decode("ascii")
     units = bytearray()
     i, n = 0, len(data)
     while i < n:

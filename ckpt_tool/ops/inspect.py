@@ -11,9 +11,8 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ckpt_tool.exchanges import ExchangeScan, scan_each_exchange
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.metadata import iter_stream_handles
@@ -28,6 +27,9 @@ from ckpt_tool.flink.model import (
     SubtaskState,
 )
 from ckpt_tool.session import Session
+
+if TYPE_CHECKING:
+    from ckpt_tool.exchanges import ExchangeScan
 
 # Metadata v3-v6 store no upstream output-buffer state of their own: Flink 2.3 builds it at
 # restore time from the upstream's output state (recover-output-on-downstream), so on disk it is
@@ -291,6 +293,8 @@ def inspect(session: Session) -> InspectReport:
     )
     report.problems = list(checkpoint.file_problems())
     if session.exchanges is not None:
+        from ckpt_tool.exchanges import scan_each_exchange  # the record path, only when records are read
+
         report.engine = session.engine_name
         report.exchanges = scan_each_exchange(checkpoint, session.exchanges, session.engine, session.progress)
         report.problems += [

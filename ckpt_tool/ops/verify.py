@@ -12,7 +12,6 @@ A check that cannot run says why (``skipped``), and the status says how many wer
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -134,14 +133,12 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                         if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
                             continue
                         try:
-                            payloads = reader.buffers(BufferSource.of(cp, h))
+                            found = reader.buffer_digests(BufferSource.of(cp, h), REPLICA_MIN_BUFFER_BYTES)
                         except CkptError as exc:
                             buffers.problems.append(Problem("channel-state", str(exc), op.label, s.index, channel))
                             continue
-                        for payload in payloads:
-                            if len(payload) >= REPLICA_MIN_BUFFER_BYTES:
-                                digest = hashlib.blake2b(payload, digest_size=16).digest()
-                                digests[digest + direction.encode()].add(s.index)
+                        for digest in found:
+                            digests[digest + direction.encode()].add(s.index)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
             replicas.problems.append(

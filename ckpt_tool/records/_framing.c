@@ -83,45 +83,73 @@ done:
     return result;
 }
 
-/* payloads(data, offsets) -> bytes: the payloads of the buffers whose int length fields are at
- * the int64 offsets, concatenated; ValueError names the first buffer outside the data, or one
- * that does not start after the end of the buffer before it (offsets come in the order written). */
-static PyObject *payloads(PyObject *self, PyObject *args) {
-    Py_buffer data, offsets;
-    if (!PyArg_ParseTuple(args, "y*y*", &data, &offsets)) return NULL;
-    PyObject *result = NULL;
-    const unsigned char *bytes = data.buf;
-    const int64_t *at = offsets.buf;
-    Py_ssize_t count = offsets.len / (Py_ssize_t)sizeof(int64_t), total = 0;
+/* Check the buffers whose int length fields are at the int64 offsets: each inside the data and
+ * starting after the end of the one before it (offsets come in the order written). Sets the total
+ * payload length; on error sets a ValueError naming the first bad buffer and returns -1. */
+static int check_buffers(const Py_buffer *data, const int64_t *at, Py_ssize_t count, Py_ssize_t *total) {
+    const unsigned char *bytes = data->buf;
     int64_t previous_end = 0;
+    *total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (at[i] < 0 || at[i] + 4 > data.len) {
-            PyErr_Format(PyExc_ValueError, "buffer offset %lld is outside the file (%zd bytes)", (long long)at[i], data.len);
-            goto done;
+        if (at[i] < 0 || at[i] + 4 > data->len) {
+            PyErr_Format(PyExc_ValueError, "buffer offset %lld is outside the file (%zd bytes)", (long long)at[i], data->len);
+            return -1;
         }
         if (at[i] < previous_end) {
             PyErr_Format(PyExc_ValueError, "buffer offset %lld repeats or overlaps the buffer before it (which ends at %lld)",
                          (long long)at[i], (long long)previous_end);
-            goto done;
+            return -1;
         }
         int32_t length = read_length(bytes + at[i]);
-        if (length < 0 || at[i] + 4 + (int64_t)length > data.len) {
+        if (length < 0 || at[i] + 4 + (int64_t)length > data->len) {
             PyErr_Format(PyExc_ValueError, "buffer at offset %lld of length %d runs past the end (%zd bytes)",
-                         (long long)at[i], length, data.len);
-            goto done;
+                         (long long)at[i], length, data->len);
+            return -1;
         }
         previous_end = at[i] + 4 + (int64_t)length;
-        total += length;
+        *total += length;
     }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL) goto done;
-    char *out = PyBytes_AS_STRING(result);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t length = read_length(bytes + at[i]);
-        memcpy(out, bytes + at[i] + 4, (size_t)length);
-        out += length;
+    return 0;
+}
+
+/* payloads(data, offsets) -> bytes: the payloads of the checked buffers, concatenated. */
+static PyObject *payloads(PyObject *self, PyObject *args) {
+    Py_buffer data, offsets;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &offsets)) return NULL;
+    PyObject *result = NULL;
+    const int64_t *at = offsets.buf;
+    Py_ssize_t count = offsets.len / (Py_ssize_t)sizeof(int64_t), total;
+    if (check_buffers(&data, at, count, &total) == 0) {
+        result = PyBytes_FromStringAndSize(NULL, total);
+        if (result != NULL) {
+            char *out = PyBytes_AS_STRING(result);
+            for (Py_ssize_t i = 0; i < count; i++) {
+                int32_t length = read_length((const unsigned char *)data.buf + at[i]);
+                memcpy(out, (const char *)data.buf + at[i] + 4, (size_t)length);
+                out += length;
+            }
+        }
     }
-done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    return result;
+}
+
+/* lengths(data, offsets) -> bytes: the checked buffers' payload lengths as native int64s, copying
+ * no payload (to look at buffers where they lie). */
+static PyObject *lengths(PyObject *self, PyObject *args) {
+    Py_buffer data, offsets;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &offsets)) return NULL;
+    PyObject *result = NULL;
+    const int64_t *at = offsets.buf;
+    Py_ssize_t count = offsets.len / (Py_ssize_t)sizeof(int64_t), total;
+    if (check_buffers(&data, at, count, &total) == 0) {
+        result = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+        if (result != NULL) {
+            int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+            for (Py_ssize_t i = 0; i < count; i++) out[i] = read_length((const unsigned char *)data.buf + at[i]);
+        }
+    }
     PyBuffer_Release(&data);
     PyBuffer_Release(&offsets);
     return result;
@@ -142,6 +170,7 @@ static PyObject *reuse_memory(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"reuse_memory", reuse_memory, METH_NOARGS, "Keep freed memory for reuse (glibc's mallopt)."},
     {"payloads", payloads, METH_VARARGS, "The payloads of the buffers at the offsets, concatenated."},
+    {"lengths", lengths, METH_VARARGS, "The payload lengths of the buffers at the offsets (int64s)."},
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
     {NULL, NULL, 0, NULL},
