@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from catalog import ALL_FIXTURES, FIXTURES
+from catalog import ALL_FIXTURES
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import read_metadata
@@ -47,33 +47,12 @@ def damage(checkpoint, kind: str) -> None:
 
 
 KINDS = ["truncated-metadata", "flipped-byte", "not-a-checkpoint", "missing-channel-state", "truncated-channel-state"]
+INPUTS = ["--engine", "local", "--schema", BASE.schema, "--plan", BASE.plan]
 COMMANDS = {
     "inspect": lambda src, dst: ["inspect", src],
     "verify": lambda src, dst: ["verify", src, "--engine", "local"],
-    "rescale": lambda src, dst: [
-        "rescale",
-        src,
-        dst,
-        "-p",
-        "3",
-        "--engine",
-        "local",
-        "--schema",
-        str(FIXTURES / "countjob.schema.toml"),
-        "--plan",
-        str(BASE.directory / "plan.json"),
-    ],
-    "repair": lambda src, dst: [
-        "repair",
-        src,
-        dst,
-        "--engine",
-        "local",
-        "--schema",
-        str(FIXTURES / "countjob.schema.toml"),
-        "--plan",
-        str(BASE.directory / "plan.json"),
-    ],
+    "rescale": lambda src, dst: ["rescale", src, dst, "-p", "3", *INPUTS],
+    "repair": lambda src, dst: ["repair", src, dst, *INPUTS],
 }
 
 
