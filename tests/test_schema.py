@@ -108,3 +108,19 @@ def test_plan_of_another_job_is_exit_2(ckpt, tmp_path):
     other = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
     code, _, err = ckpt("rescale", str(FIXTURE.checkpoint), str(tmp_path / "out"), "-p", "3", "--plan", other.plan)
     assert code == 2 and "is not the plan of this checkpoint's job" in err
+
+
+def test_a_sender_of_several_exchanges_needs_their_partitions(ckpt, tmp_path):
+    two = (
+        f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n'
+        f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "print"\npartitioner = "REBALANCE"\n'
+    )
+    code, _, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, two))
+    assert code == 2 and "which output partition feeds which is not known" in err
+    stated = two.replace('downstream = "print"', 'downstream = "print"\npartition = 1').replace(
+        f'downstream = "{SLOW}"', f'downstream = "{SLOW}"\npartition = 0'
+    )
+    assert ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, stated))[0] == 0
+    clash = stated.replace("partition = 1", "partition = 0")
+    code, _, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, clash))
+    assert code == 2 and "through one output partition" in err

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.model import CheckpointMetadata
+from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.keys import binary_row_hash, java_hash
 from ckpt_tool.records.types import DataType, build_binary_row, parse_type, to_json
@@ -55,6 +55,7 @@ class Exchange:
     record_type: Optional[str] = None
     key: tuple[Any, ...] = ()
     decoder: Optional[str] = None
+    partition_stated: bool = True  # False where the partition is a guess (the plan does not give it)
 
     @property
     def keyed(self) -> bool:
@@ -156,6 +157,7 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
                 downstream_id=_resolve(metadata, entry["downstream"], "downstream"),
                 gate=int(entry.get("gate", 0)),
                 partition=int(entry.get("partition", 0)),
+                partition_stated="partition" in entry,
                 partitioner=partitioner,
                 record_type=record_type,
                 key=tuple(key if isinstance(key, list) else [key]),
@@ -166,7 +168,12 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
 
 
 def plan_exchanges(plan: JobPlan) -> list[Exchange]:
-    """One exchange per input of every vertex of the plan."""
+    """One exchange per input of every vertex of the plan. The plan does not say which output
+    partition of a vertex feeds which consumer; where a vertex has one consumer it is partition 0."""
+    consumers: dict[str, int] = {}
+    for vertex in plan.vertices.values():
+        for edge in vertex.inputs:
+            consumers[edge.upstream] = consumers.get(edge.upstream, 0) + 1
     return [
         Exchange(
             upstream_id=plan.vertices[edge.upstream].tail,
@@ -174,6 +181,7 @@ def plan_exchanges(plan: JobPlan) -> list[Exchange]:
             gate=edge.gate,
             partition=0,
             partitioner=edge.partitioner,
+            partition_stated=consumers[edge.upstream] == 1,
         )
         for vertex in plan.vertices.values()
         for edge in vertex.inputs
@@ -202,12 +210,39 @@ def merge_exchanges(
                 )
             entry.upstream_id = entry.upstream_id or base.upstream_id
             entry.partitioner = entry.partitioner or base.partitioner
+            if not entry.partition_stated and base.partition_stated:
+                entry.partition, entry.partition_stated = base.partition, True
         merged[key] = entry
     return list(merged.values())
+
+
+def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata) -> None:
+    """An operator that sends to several exchanges sends each through its own output partition:
+    where that is not stated and the operator holds output-side in-flight data, the data could be
+    paired with the wrong exchange, so it is refused, asking for ``partition`` in the schema."""
+    by_sender: dict[str, list[Exchange]] = {}
+    for exchange in exchanges:
+        if exchange.upstream_id:
+            by_sender.setdefault(exchange.upstream_id, []).append(exchange)
+    for sender, sent in by_sender.items():
+        if len(sent) < 2:
+            continue
+        names = ", ".join(f"{metadata.label(e.downstream_id)} (gate {e.gate})" for e in sent)
+        stated = [e.partition for e in sent if e.partition_stated]
+        if len(stated) != len(set(stated)):
+            raise SchemaError(f"{metadata.label(sender)} sends to {names} through one output partition; give each its own")
+        holds_output = any(s.channel_handles(OUTPUT) for s in metadata.operator(sender).subtasks)
+        if holds_output and not all(e.partition_stated for e in sent):
+            raise SchemaError(
+                f"{metadata.label(sender)} sends to {names} and holds in-flight output data, but which output partition "
+                "feeds which is not known (Flink's plan does not say): give `partition` for each in --schema"
+            )
 
 
 def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan]) -> list[Exchange]:
     """The exchanges a plan and/or a schema file describe (schema facts win)."""
     from_plan = plan_exchanges(plan) if plan else []
     from_schema = load_schema(schema, metadata) if schema else []
-    return merge_exchanges(from_plan, from_schema, metadata)
+    exchanges = merge_exchanges(from_plan, from_schema, metadata)
+    check_partitions(exchanges, metadata)
+    return exchanges
