@@ -34,7 +34,7 @@ from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.keys import binary_row_hash, java_hash
-from ckpt_tool.records.types import DataType, build_binary_row, parse_type, to_json
+from ckpt_tool.records.types import DataType, parse_type, to_json
 
 PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "SHUFFLE", "GLOBAL", "BROADCAST", "CUSTOM")
 
@@ -103,15 +103,14 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[byte
             return [value[value_type.field_names[i]] for i in indices]
         if value_type.name == "row":
             return [value.fields[i] for i in indices]
-        if value_type.name == "binary_row":
-            return [value.get(i) for i in indices]
         return [value[i] for i in indices]
 
     def extract(raw: bytes, offset: int) -> tuple[int, Any]:
         value, _ = decode_value(value_type, raw, offset)
-        fields = fields_of(value)
         if value_type.name == "binary_row":  # SQL key selectors project into a new BinaryRowData
-            return binary_row_hash(build_binary_row(types, fields).data), [to_json(t, f) for t, f in zip(types, fields)]
+            key_row = value.project(indices)
+            return binary_row_hash(key_row.data), [to_json(t, f) for t, f in zip(types, key_row.values())]
+        fields = fields_of(value)
         if len(fields) == 1:
             return java_hash(types[0], fields[0]), to_json(types[0], fields[0])
         tuple_type = DataType("tuple", types)
