@@ -18,6 +18,8 @@ from ckpt_tool.errors import CkptError
 JAVA_SCALARS = ("string", "long", "int", "short", "byte", "double", "float", "boolean", "char", "bytes")
 # java.time classes with serializers of their own (InstantSerializer, LocalDate/Time/DateTimeSerializer).
 JAVA_TIME = ("instant", "local_date", "local_time", "local_date_time")
+# Avro records (AvroSerializer); their schema comes from an .avsc file (ckpt_tool.records.avro).
+AVRO = "avro"
 # DataStream composites. array<T>: a primitive array (int[] ...) or String[].
 JAVA_COMPOSITES = ("tuple", "row", "pojo", "list", "map", "array", "enum", "binary_row")
 # SQL scalars inside binary_row, by their SQL names, to the name of their layout.
@@ -45,7 +47,8 @@ SQL_COMPOSITES = ("array", "map", "multiset", "row")
 ROW_KINDS = ("+I", "-U", "+U", "-D")
 
 SUPPORTED = (
-    "DataStream: string, long, int, short, byte, double, float, boolean, char, bytes, instant, local_date, "
+    "DataStream: avro (with avro_schema = FILE.avsc), string, long, int, short, byte, double, float, boolean, char, "
+    "bytes, instant, local_date, "
     "local_time, local_date_time, enum<A,B,...>, tuple<T,...>, row<T,...>, pojo<name:T,...>, list<T>, map<K,V>, "
     "array<T> (primitive or string arrays); SQL inside binary_row<name:T,...>: bigint, int, smallint, tinyint, "
     "boolean, float, double, string, char(n), varchar(n), bytes, binary(n), varbinary(n), date, time, "
@@ -159,7 +162,7 @@ def parse_type(text: str) -> DataType:
                 # PojoTypeInfo orders fields by name; so does its serializer.
                 names, fields = map(list, zip(*sorted(zip(names, fields), key=lambda p: p[0])))
             return DataType(name, tuple(fields), tuple(names))
-        if name in JAVA_SCALARS or name in JAVA_TIME:
+        if name in JAVA_SCALARS or name in JAVA_TIME or name == AVRO:
             return DataType(name)
         if name in SQL_SCALARS:  # SQL names of Java scalars (bigint, varchar ...) outside binary_row
             return DataType(SQL_SCALARS[name] if SQL_SCALARS[name] in JAVA_SCALARS else "int")
