@@ -43,6 +43,7 @@ class Session:
         spark_conf: Optional[dict[str, str]] = None,
         require_files: bool = True,
         quiet: bool = True,
+        sql_plan: Optional[str] = None,
     ) -> Session:
         """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
         file the metadata references is missing or not its recorded size."""
@@ -50,7 +51,7 @@ class Session:
         if require_files:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan) if (schema or plan) else None
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan) if (schema or plan or sql_plan) else None
         return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
 
     def __enter__(self) -> Session:

@@ -62,12 +62,23 @@ ENGINE_HELP = (
 )
 
 
+# A compiled SQL plan (COMPILE PLAN's JSON): kept on the context, read by open_session.
+SQL_PLAN_OPTION = click.option(
+    "--sql-plan",
+    type=click.Path(dir_okay=False),
+    expose_value=False,
+    callback=lambda ctx, _, value: ctx.meta.__setitem__("sql_plan", value),
+    help="Flink's compiled plan (COMPILE PLAN JSON) of a Table/SQL job: exchanged row types and keys.",
+)
+
+
 def session_options(command):
     """The options every command that reads records shares: inputs and the engine."""
     for option in reversed(
         [
             click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
             click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
+            SQL_PLAN_OPTION,
             click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True, help=ENGINE_HELP),
             click.option("--spark-master", help="Spark master URL (default local[*]); implies Spark."),
             click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
@@ -97,7 +108,10 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     from ckpt_tool.session import Session
 
     verbose = bool((click.get_current_context().obj or {}).get("verbose"))
-    return Session.open(checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose)
+    sql_plan = click.get_current_context().meta.get("sql_plan")
+    return Session.open(
+        checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
+    )
 
 
 @cli.command()
@@ -185,7 +199,7 @@ def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) ->
     """
     from ckpt_tool.ops.repair import repair as run_repair
 
-    if not (schema or plan):
+    if not (schema or plan or click.get_current_context().meta.get("sql_plan")):
         raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
     with open_session(src, schema, plan, engine, spark_master, conf) as session:
         with progress_bar("repairing", enabled=not as_json) as session.progress:
@@ -215,6 +229,20 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
             f.write(junit_xml(report))
     output_for(as_json).verify(report)
     sys.exit({PROBLEMS: EXIT_PROBLEMS, UNUSABLE: EXIT_UNUSABLE_INPUT}.get(report.status, 0))
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@SQL_PLAN_OPTION
+@click.option("--schema", type=click.Path(dir_okay=False), help="A schema file whose facts are laid over.")
+def schema(checkpoint, plan, schema) -> None:
+    """Print a schema file (TOML) to fill in: every exchange of CHECKPOINT holding in-flight data,
+    its operators by uid, name and id, gate, partition, partitioner, and type and key where known."""
+    from ckpt_tool.records.skeleton import schema_skeleton
+
+    with open_session(checkpoint, schema, plan, "local", None, (), require_files=False) as session:
+        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint), nl=False)
 
 
 def main(argv: list[str] | None = None) -> None:

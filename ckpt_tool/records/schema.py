@@ -224,8 +224,15 @@ def merge_exchanges(from_plan: list[Exchange], from_schema: list[Exchange]) -> l
     return list(merged.values())
 
 
-def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan]) -> list[Exchange]:
-    """The exchanges a plan and/or a schema file describe (schema facts win)."""
+def load_exchanges(
+    metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan], sql_plan: Optional[str] = None
+) -> list[Exchange]:
+    """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
+    over the compiled plan's, which win over the plan's)."""
     from_plan = plan_exchanges(plan) if plan else []
+    if sql_plan:
+        from ckpt_tool.records.sql_plan import sql_plan_exchanges
+
+        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata))
     from_schema = load_schema(schema, metadata) if schema else []
     return merge_exchanges(from_plan, from_schema)
