@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from ckpt_tool.engine import Engine, Progress, make_engine
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.key_serializer import check_key_types
 from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.flink.plan import JobPlan, load_job_plan
 from ckpt_tool.records.schema import Exchange, load_exchanges
@@ -52,6 +53,7 @@ class Session:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
         exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan) if (schema or plan or sql_plan) else None
+        check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
         return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
 
     def __enter__(self) -> Session:
