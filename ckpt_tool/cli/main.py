@@ -245,6 +245,27 @@ def schema(checkpoint, plan, schema) -> None:
         click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint), nl=False)
 
 
+@cli.command()
+@click.argument("checkpoint")
+@session_options
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The Parquet file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) -> None:
+    """Write every in-flight record of CHECKPOINT to a Parquet file: exchange, subtasks, channel,
+    timestamp, key, key hash, key group, owning subtask, and the value (decoded where typed)."""
+    import json
+
+    from ckpt_tool.records.export import export_records
+
+    with open_session(checkpoint, schema, plan, engine, spark_master, conf) as session:
+        with progress_bar("exporting in-flight records", enabled=not as_json) as session.progress:
+            report = export_records(session.checkpoint, session.described_exchanges, session.engine, out, session.progress)
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        click.echo(f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels) written to {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in args or "--verbose" in args
