@@ -10,7 +10,13 @@ from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_serializer import key_serializer, schema_key_family
 
-EXPECTED = {"tuple": "long", "pojo": "string", "sql": "binary_row<string>", "sqltypes": "binary_row<string,string,decimal(20,2)>"}
+EXPECTED = {
+    "tuple": "long",
+    "pojo": "string",
+    "javatime": "local_date",
+    "sql": "binary_row<string>",
+    "sqltypes": "binary_row<string,string,decimal(20,2)>",
+}
 
 
 def test_key_serializer_of_every_fixture(fixture):
