@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,12 @@ def test_avro_schema_that_does_not_match_the_records(ckpt, tmp_path):
     assert code == 2 and "Traceback" not in err
     assert "exchange map-main -> slow-count" in err and "channel 0 -> 0: stream element 0" in err, err
     assert "the Avro schema does not match the record's bytes" in err, err
+
+
+def test_unknown_record_type_lists_the_supported_ones(ckpt, tmp_path):
+    fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
+    schema = tmp_path / "schema.toml"
+    schema.write_text(Path(fixture.schema).read_text().replace("binary_row<", "binary_row<x:decimals(10,2),", 1))
+    code, _, err = ckpt("inspect", str(fixture.checkpoint), "--schema", str(schema), "--engine", "local")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "unknown type 'decimals'; supported: DataStream: avro" in err and "decimal(p,s), timestamp(p), timestamp_ltz(p)" in err

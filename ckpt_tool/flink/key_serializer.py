@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ckpt_tool.errors import CheckpointFormatError, CkptError
+from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaio import JavaReader
 from ckpt_tool.flink.model import (
@@ -188,13 +188,12 @@ def key_serializer(checkpoint: Checkpoint, op: OperatorState) -> Optional[Serial
     """The key serializer of an operator's keyed state, or None without keyed state."""
     for subtask in op.subtasks:
         stream = _proxy_stream(subtask.managed_keyed)
-        data = _head(checkpoint, stream) if stream is not None else None
-        if data:
-            where = checkpoint.location(stream) or f"keyed state of {op.label}"
-            try:
-                return parse_key_serializer(data, where)
-            except CheckpointFormatError:
-                return None  # a proxy ckpt cannot read says nothing against the schema
+        try:
+            data = _head(checkpoint, stream) if stream is not None else None
+            if data:
+                return parse_key_serializer(data, checkpoint.location(stream) or f"keyed state of {op.label}")
+        except CkptError:
+            return None  # keyed state ckpt cannot read (missing, damaged) says nothing against the schema
     return None
 
 
