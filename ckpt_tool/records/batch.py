@@ -183,7 +183,7 @@ class KeyGroups:
         """The key group of each selected element (records only)."""
         hashes = self._fixed_hashes(records, selected, self.fixed) if self.fixed else None
         if hashes is None:
-            key_of = self._key_of = self._key_of or self.exchange.key_function()
+            key_of = self._key_of = self._key_of or self.exchange.key_function(printable=False)
             if key_of is None:
                 raise RecordDecodeError("the exchange has no key to compute key groups from")
             offsets = (records.value_starts() - records.starts - 4).tolist()

@@ -77,7 +77,7 @@ def arrow_type(t: DataType) -> pa.DataType:
         return pa.decimal128(t.precision, t.scale)
     if name in ("timestamp", "timestamp_ltz"):
         return pa.timestamp("ns" if t.precision > 6 else "us", tz="UTC" if name == "timestamp_ltz" else None)
-    if name in ("array", "list", "multiset") and name != "multiset":
+    if name in ("array", "list"):
         return pa.list_(arrow_type(t.fields[0]))
     if name in ("map", "multiset"):
         key, value = (t.fields[0], DataType("int")) if name == "multiset" else t.fields

@@ -181,10 +181,12 @@ def binary_row_hash(data: bytes) -> int:
     """``BinaryRowData.hashCode``: murmur3 by little-endian words, seed 42 (``MurmurHashUtils``)."""
     if len(data) % 4:
         raise ValueError("a BinaryRowData is a whole number of words")
-    h = 42
-    for (word,) in struct.iter_unpack("<I", data):
-        k = _mul(_rotl(_mul(word, MURMUR_C1), 15), MURMUR_C2)
-        h = (_rotl(h ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h, mask = 42, 0xFFFFFFFF
+    for (k,) in struct.iter_unpack("<I", data):  # the per-record SQL key path: no calls in the loop
+        k = (k * MURMUR_C1) & mask
+        k = (((k << 15) | (k >> 17)) * MURMUR_C2) & mask
+        h ^= k
+        h = ((((h << 13) | (h >> 19)) & mask) * 5 + 0xE6546B64) & mask
     return to_int32(bit_mix(h ^ len(data)))
 
 

@@ -63,8 +63,9 @@ class Exchange:
     def keyed(self) -> bool:
         return self.partitioner in (None, "HASH") and bool(self.key or self.decoder)
 
-    def key_function(self) -> Optional[Callable[[bytes, int], tuple[int, Any]]]:
-        """A function of (element bytes, value offset) -> (Java hash of the key, printable key)."""
+    def key_function(self, printable: bool = True) -> Optional[Callable[[bytes, int], tuple[int, Any]]]:
+        """A function of (element bytes, value offset) -> (Java hash of the key, printable key);
+        without ``printable`` SQL keys leave the printable key None (decoding it costs more than the hash)."""
         if self.decoder:
             return _plugin(self.decoder)
         if not self.record_type or not self.key:
@@ -73,7 +74,7 @@ class Exchange:
             from ckpt_tool.records.avro import avro_key_function
 
             return avro_key_function(self.avro_schema or "null", self.key)
-        return _key_extractor(parse_type(self.record_type), self.key)
+        return _key_extractor(parse_type(self.record_type), self.key, printable)
 
 
 def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
@@ -90,7 +91,7 @@ def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
     return extract
 
 
-def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[bytes, int], tuple[int, Any]]:
+def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool = True) -> Callable[[bytes, int], tuple[int, Any]]:
     from ckpt_tool.records.types import decode_value
 
     if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
@@ -119,7 +120,8 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[byte
         value, _ = decode_value(value_type, raw, offset)
         if value_type.name == "binary_row":  # SQL key selectors project into a new BinaryRowData
             key_row = value.project(indices)
-            return binary_row_hash(key_row.data), [to_json(t, f) for t, f in zip(types, key_row.values())]
+            shown = [to_json(t, f) for t, f in zip(types, key_row.values())] if printable else None
+            return binary_row_hash(key_row.data), shown
         fields = fields_of(value)
         if len(fields) == 1:
             return java_hash(types[0], fields[0]), to_json(types[0], fields[0])
