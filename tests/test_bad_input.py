@@ -104,7 +104,7 @@ def test_avro_schema_that_does_not_match_the_records(ckpt, tmp_path):
     schema = tmp_path / "schema.toml"
     schema.write_text(
         '[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\n'
-        'type = "avro"\navro_schema = "event.avsc"\nkey = ["user"]\n'
+        'type = "avro"\navro_schema = "event.avsc"\nkey = ["id"]\n'
     )
     code, _, err = ckpt("inspect", str(fixture.checkpoint), "--schema", str(schema), "--engine", "local")
     assert code == 2 and "Traceback" not in err

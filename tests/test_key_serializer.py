@@ -44,3 +44,18 @@ def test_a_schema_whose_key_type_disagrees_is_refused(ckpt, tmp_path, command):
     assert code == 2, err
     assert "is int, but" in err and "key serializer LongSerializer (long)" in err and "Traceback" not in err
     assert not destination.exists()
+
+
+def test_avro_key_fields_are_checked_too(tmp_path):
+    from ckpt_tool.flink.key_serializer import KeyTypeMismatch
+    from ckpt_tool.session import Session
+
+    fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")  # keyed by a Long
+    (tmp_path / "event.avsc").write_text((FIXTURES / "avro" / "event.avsc").read_text())
+    schema = tmp_path / "schema.toml"
+    entry = '[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\ntype = "avro"\navro_schema = "event.avsc"\n'
+    schema.write_text(entry + 'key = ["id"]\n')  # a long field: agrees
+    Session.open(str(fixture.checkpoint), str(schema))
+    schema.write_text(entry + 'key = ["user"]\n')  # a string field: refused
+    with pytest.raises(KeyTypeMismatch, match=r"key \['user'\] of avro is string, but slow-count's keyed state"):
+        Session.open(str(fixture.checkpoint), str(schema))

@@ -108,7 +108,7 @@ def test_avro_schema_is_read_relative_to_the_schema_file(tmp_path):
     (tmp_path / "event.avsc").write_text((FIXTURES / "avro" / "event.avsc").read_text())
     schema = write(
         tmp_path,
-        f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "avro"\navro_schema = "event.avsc"\nkey = ["user"]\n',
+        f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "avro"\navro_schema = "event.avsc"\nkey = ["id"]\n',
     )
     (exchange,) = Session.open(str(FIXTURE.checkpoint), schema).described_exchanges
     assert exchange.record_type == "avro" and json.loads(exchange.avro_schema or "")["name"] == "Event"

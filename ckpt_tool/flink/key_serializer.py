@@ -216,10 +216,15 @@ def _family(t: DataType) -> str:
     return name + params + (f"<{inner}>" if inner else "")
 
 
-def schema_key_family(record_type: str, key: tuple) -> Optional[str]:
+def schema_key_family(record_type: str, key: tuple, avro_schema: Optional[str] = None) -> Optional[str]:
     """The key serializer family a schema's key implies, or None where ckpt cannot say."""
-    if record_type == "avro" or not key:
+    if not key:
         return None
+    if record_type == "avro":
+        from ckpt_tool.records.avro import avro_key_types
+
+        types = avro_key_types(avro_schema or "null", key)
+        return _family(types[0]) if len(types) == 1 else "tuple<" + ",".join(_family(t) for t in types) + ">"
     value_type = parse_type(record_type)
     if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
         return _family(value_type)
@@ -237,7 +242,7 @@ def check_key_types(checkpoint: Checkpoint, exchanges) -> None:
     for exchange in exchanges or []:
         if not exchange.keyed or not exchange.record_type or exchange.decoder:
             continue
-        expected = schema_key_family(exchange.record_type, exchange.key)
+        expected = schema_key_family(exchange.record_type, exchange.key, exchange.avro_schema)
         op = checkpoint.metadata.operator(exchange.downstream_id)
         snapshot = key_serializer(checkpoint, op) if expected else None
         found = snapshot.family() if snapshot else None

@@ -162,11 +162,8 @@ def _key_type(field_schema: Any, field: str) -> DataType:
     )
 
 
-def avro_key_function(schema_json: str, key: tuple[Any, ...]) -> Callable[[bytes, int], tuple[int, Any]]:
-    """(record bytes, value offset) -> (Java hashCode of the key, printable key) for a key of
-    top-level fields of the record: one field is the key itself, several a TupleN."""
-    from ckpt_tool.records.keys import java_hash
-
+def avro_key_types(schema_json: str, key: tuple[Any, ...]) -> tuple[DataType, ...]:
+    """The Java types (as ckpt types) of a key of top-level record fields."""
     document = json.loads(schema_json)
     fields = {f["name"]: f["type"] for f in document.get("fields", [])} if isinstance(document, dict) else {}
     missing = [k for k in key if k not in fields]
@@ -174,7 +171,15 @@ def avro_key_function(schema_json: str, key: tuple[Any, ...]) -> Callable[[bytes
         raise AvroSchemaError(
             f"the Avro record has no field {missing[0] if missing else '(none given)'!r}; fields: {', '.join(fields)}"
         )
-    types = tuple(_key_type(fields[k], str(k)) for k in key)
+    return tuple(_key_type(fields[k], str(k)) for k in key)
+
+
+def avro_key_function(schema_json: str, key: tuple[Any, ...]) -> Callable[[bytes, int], tuple[int, Any]]:
+    """(record bytes, value offset) -> (Java hashCode of the key, printable key) for a key of
+    top-level fields of the record: one field is the key itself, several a TupleN."""
+    from ckpt_tool.records.keys import java_hash
+
+    types = avro_key_types(schema_json, key)
     reader = AvroReader(schema_json, logical=False)
     key_type = types[0] if len(types) == 1 else DataType("tuple", types)
 
