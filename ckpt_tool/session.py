@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from ckpt_tool.engine import Engine, Progress, make_engine
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.key_serializer import check_key_types
 from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.flink.plan import JobPlan, load_job_plan
 from ckpt_tool.records.schema import Exchange, load_exchanges
@@ -43,6 +44,7 @@ class Session:
         spark_conf: Optional[dict[str, str]] = None,
         require_files: bool = True,
         quiet: bool = True,
+        sql_plan: Optional[str] = None,
     ) -> Session:
         """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
         file the metadata references is missing or not its recorded size."""
@@ -50,7 +52,8 @@ class Session:
         if require_files:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan) if (schema or plan) else None
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan) if (schema or plan or sql_plan) else None
+        check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
         return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
 
     def __enter__(self) -> Session:

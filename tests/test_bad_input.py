@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
-from catalog import ALL_FIXTURES
+from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import read_metadata
@@ -72,3 +73,28 @@ def test_bad_input(ckpt, tmp_path, command, kind):
     else:
         assert len(err.strip().splitlines()) == 1 and err.startswith("ckpt: error: ")
     assert not destination.exists(), "a failed command left files behind"
+
+
+def test_avro_schema_that_does_not_match_the_records(ckpt, tmp_path):
+    """The records are Tuple2<Long,String>; read as Avro they do not fit: exit 2, naming the
+    exchange, the channel and the first record that does not fit."""
+    fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")
+    (tmp_path / "event.avsc").write_text((FIXTURES / "avro" / "event.avsc").read_text())
+    schema = tmp_path / "schema.toml"
+    schema.write_text(
+        '[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\n'
+        'type = "avro"\navro_schema = "event.avsc"\nkey = ["id"]\n'
+    )
+    code, _, err = ckpt("inspect", str(fixture.checkpoint), "--schema", str(schema), "--engine", "local")
+    assert code == 2 and "Traceback" not in err
+    assert "exchange map-main -> slow-count" in err and "channel 0 -> 0: stream element 0" in err, err
+    assert "the Avro schema does not match the record's bytes" in err, err
+
+
+def test_unknown_record_type_lists_the_supported_ones(ckpt, tmp_path):
+    fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
+    schema = tmp_path / "schema.toml"
+    schema.write_text(Path(fixture.schema).read_text().replace("binary_row<", "binary_row<x:decimals(10,2),", 1))
+    code, _, err = ckpt("inspect", str(fixture.checkpoint), "--schema", str(schema), "--engine", "local")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "unknown type 'decimals'; supported: DataStream: avro" in err and "decimal(p,s), timestamp(p), timestamp_ltz(p)" in err

@@ -41,6 +41,7 @@ def test_backend_handles_and_finished_markers(captured):
     keyed = [s.managed_keyed for op in md.operators for s in op.subtasks if s.managed_keyed]
     kind = IncrementalKeyedHandle if fixture.info["backend"] == "rocksdb" else KeyGroupsHandle
     assert keyed and all(isinstance(h, kind) for h in keyed)
-    assert any(op.finished == "all" for op in md.operators)
+    if fixture.info.get("k"):  # the jobs with a small second source, which finishes at once
+        assert any(op.finished == "all" for op in md.operators)
     merged = any(isinstance(h, MergedChannelStateHandle) for op in md.operators for s in op.subtasks for h in s.input_channels)
     assert merged == (md.version >= 6)

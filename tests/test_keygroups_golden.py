@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+from decimal import Decimal
 
 import pytest
 
@@ -20,7 +21,7 @@ from ckpt_tool.records.keys import (
     key_group_range,
     operator_index_for_key_group,
 )
-from ckpt_tool.records.types import SQL_SCALARS, DataType, Row, build_binary_row
+from ckpt_tool.records.types import DataType, Row, SqlTimestamp, build_binary_row, parse_type
 
 GOLDEN = sorted((FIXTURES / "keygroups").glob("golden-*.jsonl.gz"))
 ROW_KINDS = {"+I": 0, "-U": 1, "+U": 2, "-D": 3}
@@ -45,6 +46,28 @@ def typed(key: dict | None) -> tuple[DataType, object]:
     return DataType(kind), key["value"]
 
 
+def sql_value(t: DataType, value):
+    """A binary_row field's JSON value (fixtures/README.md, Key JSON) -> ckpt's value."""
+    if value is None:
+        return None
+    if t.name in ("double", "float"):
+        return float(value)
+    if t.name == "decimal":
+        return Decimal(value)
+    if t.name in ("timestamp", "timestamp_ltz"):
+        return SqlTimestamp(*value)
+    if t.name == "bytes" and t.sql:
+        return bytes.fromhex(value)
+    if t.name == "array":
+        return [sql_value(t.fields[0], v) for v in value]
+    if t.name in ("map", "multiset"):
+        value_type = t.fields[1] if t.name == "map" else DataType("int", sql=True)
+        return [(sql_value(t.fields[0], k), sql_value(value_type, v)) for k, v in value]
+    if t.name == "row":
+        return [sql_value(f, v) for f, v in zip(t.fields, value)]
+    return value
+
+
 def load(path):
     with gzip.open(path, "rt") as f:
         header = json.loads(f.readline())
@@ -56,12 +79,15 @@ def test_golden_key_groups(path):
     header, entries = load(path)
     assert len(entries) > 20000
     seen = set()
+    sql_types: set[str] = set()
     for entry in entries:
         key = entry["key"]
         seen.add(key["type"])
         if key["type"] == "binary_row":
-            types = tuple(DataType(SQL_SCALARS[f["type"]]) for f in key["fields"])
-            row = build_binary_row(types, [f["value"] for f in key["fields"]], ROW_KINDS[key["kind"]])
+            types = parse_type(f"binary_row<{','.join(f['type'] for f in key['fields'])}>").fields
+            values = [sql_value(t, f["value"]) for t, f in zip(types, key["fields"])]
+            row = build_binary_row(types, values, ROW_KINDS[key["kind"]])
+            sql_types.update(f["type"].split("(")[0].split("<")[0] for f in key["fields"])
             assert row.data.hex() == entry["row_bytes"], key
             key_hash = binary_row_hash(row.data)
         else:
@@ -74,3 +100,6 @@ def test_golden_key_groups(path):
                 assert operator_index_for_key_group(max_parallelism, parallelism, key_group) == index
                 assert key_group in key_group_range(max_parallelism, parallelism, index)
     assert {"string", "long", "int", "short", "byte", "boolean", "double", "float", "char", "tuple", "row", "binary_row"} <= seen
+    if header["flink_version"] == "2.3.0":
+        families = {"decimal", "timestamp", "timestamp_ltz", "string", "char", "varchar", "bytes", "binary", "varbinary"}
+        assert families | {"date", "time", "array", "map", "multiset", "row"} <= sql_types

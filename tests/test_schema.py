@@ -124,3 +124,33 @@ def test_a_sender_of_several_exchanges_needs_their_partitions(ckpt, tmp_path):
     clash = stated.replace("partition = 1", "partition = 0")
     code, _, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, clash))
     assert code == 2 and "through one output partition" in err
+
+
+@pytest.mark.parametrize(
+    "record_type, key",
+    [
+        ("enum<RED,GREEN>", '["value"]'),
+        ("tuple<long,enum<A,B>>", '["f0", "f1"]'),
+        ("array<int>", '["value"]'),
+        ("tuple<bytes,long>", '["f0"]'),
+    ],
+)
+def test_keys_flink_refuses_are_refused(tmp_path, record_type, key):
+    from ckpt_tool.records.schema import SchemaError
+
+    schema = write(tmp_path, f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "{record_type}"\nkey = {key}\n')
+    with pytest.raises(SchemaError, match="hashCode is not deterministic; Flink refuses such keys too"):
+        Session.open(str(FIXTURE.checkpoint), schema)
+
+
+def test_avro_schema_is_read_relative_to_the_schema_file(tmp_path):
+    (tmp_path / "event.avsc").write_text((FIXTURES / "avro" / "event.avsc").read_text())
+    schema = write(
+        tmp_path,
+        f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "avro"\navro_schema = "event.avsc"\nkey = ["id"]\n',
+    )
+    (exchange,) = Session.open(str(FIXTURE.checkpoint), schema).described_exchanges
+    assert exchange.record_type == "avro" and json.loads(exchange.avro_schema or "")["name"] == "Event"
+    missing = write(tmp_path, f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "avro"\nkey = ["user"]\n')
+    with pytest.raises(Exception, match="needs avro_schema"):
+        Session.open(str(FIXTURE.checkpoint), missing)

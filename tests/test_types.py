@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import struct
+from decimal import Decimal
 
 import pytest
 
 from ckpt_tool.records.types import (
     BinaryRow,
     Row,
+    SqlTimestamp,
     TypeSyntaxError,
     build_binary_row,
     decode_value,
@@ -92,3 +94,71 @@ def test_field_references():
     assert parse_type("tuple<long,string>").field_index("f1") == 1
     with pytest.raises(TypeSyntaxError):
         t.field_index("missing")
+
+
+SQL_ROW = (
+    "binary_row<user:string,amount:decimal(10,2),big:decimal(25,4),ts:timestamp(3),ts6:timestamp(6),"
+    "ltz:timestamp_ltz(3),tags:array<string>,attrs:map<string,int>,seen:multiset<string>,"
+    "info:row<a:int,b:varchar(20)>,code:char(3),raw:varbinary(8),day:date,at:time>"
+)
+
+
+def test_sql_types_round_trip_through_the_binary_layout():
+    t = parse_type(SQL_ROW)
+    assert t.field_names[:3] == ("user", "amount", "big") and str(t.fields[2]) == "decimal(25,4)"
+    values = [
+        "a longer user name",
+        Decimal("-12345678.90"),
+        Decimal("123456789012345678901.2345"),
+        SqlTimestamp(1_700_000_000_123),
+        SqlTimestamp(1_700_000_000_123, 456_000),
+        SqlTimestamp(-5),
+        ["x", None, "a string longer than seven"],
+        [("k", 1), ("longer key", None)],
+        [("e", 3)],
+        [7, "inner"],
+        "abc",
+        b"\x00\x01\x02\x03\x04\x05\x06\x07",
+        19000,
+        3_600_000,
+    ]
+    row = build_binary_row(t.fields, values)
+    assert len(row.data) % 8 == 0
+    decoded = BinaryRow(row.data, t.fields, t.field_names)
+    got = decoded.values()
+    assert got[:6] == values[:6] and got[6].values() == values[6] and got[7].items() == values[7]
+    assert got[8].items() == values[8] and got[9].values() == values[9] and got[10:] == values[10:]
+    assert to_json(t, decoded)["ts6"] == "2023-11-14T22:13:20.123456" and to_json(t, decoded)["amount"] == "-12345678.90"
+    # a projection copies fields exactly, whatever their layout
+    assert (
+        decoded.project([1, 2, 9]).data
+        == build_binary_row((t.fields[1], t.fields[2], t.fields[9]), [values[1], values[2], values[9]]).data
+    )
+
+
+def test_null_non_compact_decimal_and_timestamp_keep_their_piece():
+    t = parse_type("binary_row<decimal(20,2),timestamp(9),decimal(5,1)>")
+    row = build_binary_row(t.fields, [None, None, None])
+    # header word + 3 slots + 16 bytes (decimal piece) + 8 bytes (timestamp piece), all zero
+    assert len(row.data) == 8 + 24 + 16 + 8 and row.values() == [None, None, None]
+    assert int.from_bytes(row.data[8:16], "little") == 32 << 32 and int.from_bytes(row.data[16:24], "little") == 48 << 32
+
+
+def test_sql_keys_by_column_name():
+    from ckpt_tool.records.keys import binary_row_hash
+    from ckpt_tool.records.schema import Exchange
+
+    t = parse_type(SQL_ROW)
+    values = [None] * len(t.fields)
+    values[0], values[1] = "user-1", Decimal("1.50")
+    row = build_binary_row(t.fields, values)
+    key_of = Exchange(None, "x", record_type=SQL_ROW, key=("user", "amount")).key_function()
+    assert key_of is not None
+    key_hash, printable = key_of(struct.pack(">i", len(row.data)) + row.data, 0)
+    assert key_hash == binary_row_hash(build_binary_row(t.fields[:2], values[:2]).data)
+    assert printable == ["user-1", "1.50"]
+
+
+def test_unknown_type_lists_the_supported_ones():
+    with pytest.raises(TypeSyntaxError, match=r"unknown type 'decimals'; supported: .*decimal\(p,s\).*timestamp_ltz"):
+        parse_type("binary_row<decimals(10,2)>")

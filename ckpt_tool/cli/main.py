@@ -61,12 +61,23 @@ ENGINE_HELP = (
 )
 
 
+# A compiled SQL plan (COMPILE PLAN's JSON): kept on the context, read by open_session.
+SQL_PLAN_OPTION = click.option(
+    "--sql-plan",
+    type=click.Path(dir_okay=False),
+    expose_value=False,
+    callback=lambda ctx, _, value: ctx.meta.__setitem__("sql_plan", value),
+    help="Flink's compiled plan (COMPILE PLAN JSON) of a Table/SQL job: exchanged row types and keys.",
+)
+
+
 def session_options(command):
     """The options every command that reads records shares: inputs and the engine."""
     for option in reversed(
         [
             click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
             click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
+            SQL_PLAN_OPTION,
             click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True, help=ENGINE_HELP),
             click.option("--spark-master", help="Spark master URL (default local[*]); implies Spark."),
             click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
@@ -96,7 +107,10 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     from ckpt_tool.session import Session
 
     verbose = bool((click.get_current_context().obj or {}).get("verbose"))
-    return Session.open(checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose)
+    sql_plan = click.get_current_context().meta.get("sql_plan")
+    return Session.open(
+        checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
+    )
 
 
 @cli.command()
@@ -184,7 +198,7 @@ def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) ->
     """
     from ckpt_tool.ops.repair import repair as run_repair
 
-    if not (schema or plan):
+    if not (schema or plan or click.get_current_context().meta.get("sql_plan")):
         raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
     with open_session(src, schema, plan, engine, spark_master, conf) as session:
         with progress_bar("repairing", enabled=not as_json) as session.progress:
@@ -214,6 +228,41 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
             f.write(junit_xml(report))
     output_for(as_json).verify(report)
     sys.exit({PROBLEMS: EXIT_PROBLEMS, UNUSABLE: EXIT_UNUSABLE_INPUT}.get(report.status, 0))
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
+@SQL_PLAN_OPTION
+@click.option("--schema", type=click.Path(dir_okay=False), help="A schema file whose facts are laid over.")
+def schema(checkpoint, plan, schema) -> None:
+    """Print a schema file (TOML) to fill in: every exchange of CHECKPOINT holding in-flight data,
+    its operators by uid, name and id, gate, partition, partitioner, and type and key where known."""
+    from ckpt_tool.records.skeleton import schema_skeleton
+
+    with open_session(checkpoint, schema, plan, "local", None, (), require_files=False) as session:
+        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint), nl=False)
+
+
+@cli.command()
+@click.argument("checkpoint")
+@session_options
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The Parquet file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) -> None:
+    """Write every in-flight record of CHECKPOINT to a Parquet file: exchange, subtasks, channel,
+    timestamp, key, key hash, key group, owning subtask, and the value (decoded where typed)."""
+    import json
+
+    from ckpt_tool.records.export import export_records
+
+    with open_session(checkpoint, schema, plan, engine, spark_master, conf) as session:
+        with progress_bar("exporting in-flight records", enabled=not as_json) as session.progress:
+            report = export_records(session.checkpoint, session.described_exchanges, session.engine, out, session.progress)
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        click.echo(f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels) written to {out}")
 
 
 def main(argv: list[str] | None = None) -> None:

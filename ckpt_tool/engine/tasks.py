@@ -122,7 +122,8 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
         sum(len(s.offsets) for s in task.outputs),
     )
     owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
-    return scan_records(scan, records, key_groups_of(exchange, task.max_parallelism), owned, suspects)
+    with naming(f"channel {task.upstream_subtask} -> {task.downstream_subtask}"):
+        return scan_records(scan, records, key_groups_of(exchange, task.max_parallelism), owned, suspects)
 
 
 # --- routing ------------------------------------------------------------------------------------

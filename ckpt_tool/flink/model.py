@@ -320,9 +320,16 @@ class CheckpointMetadata:
     properties: Optional[bytes] = None  # v4+: java-serialized CheckpointProperties, verbatim
 
     def operator(self, ref: str) -> OperatorState:
-        """Find an operator by 32-hex-digit id, uid or name."""
+        """Find an operator by 32-hex-digit id, uid or name; by uid also where the metadata
+        stores no uids (v3, v4), through the id Flink derives from a uid."""
         for op in self.operators:
             if ref in (op.id_hex, op.uid, op.name):
+                return op
+        from ckpt_tool.flink.operator_id import operator_id_of_uid
+
+        hashed = operator_id_of_uid(ref)
+        for op in self.operators:
+            if op.id_hex == hashed:
                 return op
         raise KeyError(ref)
 

@@ -183,12 +183,19 @@ class KeyGroups:
         """The key group of each selected element (records only)."""
         hashes = self._fixed_hashes(records, selected, self.fixed) if self.fixed else None
         if hashes is None:
-            key_of = self._key_of = self._key_of or self.exchange.key_function()
+            key_of = self._key_of = self._key_of or self.exchange.key_function(printable=False)
             if key_of is None:
                 raise RecordDecodeError("the exchange has no key to compute key groups from")
             offsets = (records.value_starts() - records.starts - 4).tolist()
+
+            def key_hash(i: int) -> int:
+                try:
+                    return key_of(records.element(i), offsets[i])[0]
+                except RecordDecodeError as exc:  # the first record that does not fit its type, by position
+                    raise RecordDecodeError(f"stream element {i} (from byte {records.starts[i]} of the channel): {exc}") from None
+
             hashes = np.fromiter(
-                (key_of(records.element(i), offsets[i])[0] for i in np.flatnonzero(selected).tolist()),
+                (key_hash(i) for i in np.flatnonzero(selected).tolist()),
                 dtype=np.int64,
                 count=int(selected.sum()),
             ).astype(_U32)

@@ -126,7 +126,46 @@ def java_hash(data_type: DataType, value: Any) -> int:
         return _row_hash(data_type, value)
     if name == "binary_row":
         return binary_row_hash(value.data)
+    if name in _JAVA_TIME_HASHES:
+        return to_int32(_JAVA_TIME_HASHES[name](value))
+    if name == "list":  # AbstractList.hashCode
+        h = 1
+        for element in value:
+            h = (31 * h + java_hash(data_type.fields[0], element)) & 0xFFFFFFFF
+        return to_int32(h)
+    if name == "map":  # AbstractMap.hashCode: the sum of key.hashCode() ^ value.hashCode()
+        key_type, value_type = data_type.fields
+        return to_int32(sum(java_hash(key_type, k) ^ java_hash(value_type, v) for k, v in value))
     raise ValueError(f"{data_type} cannot be a key: its Java hashCode is not defined by ckpt")
+
+
+def _local_date_hash(date) -> int:
+    year = to_int32(date.year)
+    return (year & 0xFFFFF800) ^ ((year << 11) + (date.month << 6) + date.day)
+
+
+def _local_time_hash(time) -> int:
+    return long_hash(((time.hour * 60 + time.minute) * 60 + time.second) * 1_000_000_000 + time.nano)
+
+
+_JAVA_TIME_HASHES = {
+    "instant": lambda i: long_hash(i.seconds) + 51 * i.nanos,
+    "local_date": _local_date_hash,
+    "local_time": _local_time_hash,
+    "local_date_time": lambda dt: _local_date_hash(dt.date) ^ _local_time_hash(dt.time),
+}
+# Key types Flink refuses (KeyedStream#validateKeyTypeIsHashable): their hashCode is the object's
+# identity (arrays, enums), so a key's key group would change from one JVM to the next.
+UNHASHABLE_KEYS = {"enum": "an enum", "array": "an array", "bytes": "an array (byte[])"}
+
+
+def unhashable_key_part(data_type: DataType) -> str | None:
+    """What in a key type Flink refuses as a key, if anything (looking into tuples, lists and maps)."""
+    if data_type.name in UNHASHABLE_KEYS:
+        return f"{UNHASHABLE_KEYS[data_type.name]} ({data_type})"
+    if data_type.name in ("tuple", "row", "list", "map"):
+        return next((part for part in map(unhashable_key_part, data_type.fields) if part), None)
+    return None
 
 
 def _row_hash(data_type: DataType, row: Row) -> int:
@@ -142,10 +181,12 @@ def binary_row_hash(data: bytes) -> int:
     """``BinaryRowData.hashCode``: murmur3 by little-endian words, seed 42 (``MurmurHashUtils``)."""
     if len(data) % 4:
         raise ValueError("a BinaryRowData is a whole number of words")
-    h = 42
-    for (word,) in struct.iter_unpack("<I", data):
-        k = _mul(_rotl(_mul(word, MURMUR_C1), 15), MURMUR_C2)
-        h = (_rotl(h ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h, mask = 42, 0xFFFFFFFF
+    for (k,) in struct.iter_unpack("<I", data):  # the per-record SQL key path: no calls in the loop
+        k = (k * MURMUR_C1) & mask
+        k = (((k << 15) | (k >> 17)) * MURMUR_C2) & mask
+        h ^= k
+        h = ((((h << 13) | (h >> 19)) & mask) * 5 + 0xE6546B64) & mask
     return to_int32(bit_mix(h ^ len(data)))
 
 

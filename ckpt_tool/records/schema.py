@@ -12,8 +12,9 @@ Schema file::
     gate = 0                       # default 0, or the plan's input number
     partition = 0                  # default 0
     partitioner = "HASH"           # HASH, FORWARD, REBALANCE, RESCALE, BROADCAST, CUSTOM
-    type = "tuple<long,string>"    # the record type (see ckpt_tool.records.types)
+    type = "tuple<long,string>"    # the record type (see ckpt_tool.records.types), or "avro"
     key = ["f0"]                   # key fields: one field is the key itself, several a TupleN
+    # avro_schema = "event.avsc"    # with type = "avro": the records' Avro schema (relative to this file)
     # name = "sources -> counter"   # optional, for your own reading
     # decoder = "my_module:key_of" # instead of type/key: a function(value: bytes) -> int key hash,
     #                               # or (int key hash, printable key)
@@ -25,6 +26,7 @@ input of every vertex: the producing vertex's tail operator, the gate and the pa
 from __future__ import annotations
 
 import importlib
+import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +35,8 @@ from typing import Any, Optional
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
-from ckpt_tool.records.keys import binary_row_hash, java_hash
-from ckpt_tool.records.types import DataType, build_binary_row, parse_type, to_json
+from ckpt_tool.records.keys import binary_row_hash, java_hash, unhashable_key_part
+from ckpt_tool.records.types import DataType, parse_type, to_json
 
 PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "SHUFFLE", "GLOBAL", "BROADCAST", "CUSTOM")
 
@@ -56,18 +58,24 @@ class Exchange:
     key: tuple[Any, ...] = ()
     decoder: Optional[str] = None
     partition_stated: bool = True  # False where the partition is a guess (the plan does not give it)
+    avro_schema: Optional[str] = None  # JSON text of the Avro schema of type "avro"
 
     @property
     def keyed(self) -> bool:
         return self.partitioner in (None, "HASH") and bool(self.key or self.decoder)
 
-    def key_function(self) -> Optional[Callable[[bytes, int], tuple[int, Any]]]:
-        """A function of (element bytes, value offset) -> (Java hash of the key, printable key)."""
+    def key_function(self, printable: bool = True) -> Optional[Callable[[bytes, int], tuple[int, Any]]]:
+        """A function of (element bytes, value offset) -> (Java hash of the key, printable key);
+        without ``printable`` SQL keys leave the printable key None (decoding it costs more than the hash)."""
         if self.decoder:
             return _plugin(self.decoder)
         if not self.record_type or not self.key:
             return None
-        return _key_extractor(parse_type(self.record_type), self.key)
+        if self.record_type == "avro":
+            from ckpt_tool.records.avro import avro_key_function
+
+            return avro_key_function(self.avro_schema or "null", self.key)
+        return _key_extractor(parse_type(self.record_type), self.key, printable)
 
 
 def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
@@ -84,12 +92,13 @@ def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
     return extract
 
 
-def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[bytes, int], tuple[int, Any]]:
+def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool = True) -> Callable[[bytes, int], tuple[int, Any]]:
     from ckpt_tool.records.types import decode_value
 
     if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
         if list(key) not in (["value"], ["*"]):
             raise SchemaError(f'records of type {value_type} have no fields; use key = ["value"]')
+        _check_hashable(value_type)
 
         def whole(raw: bytes, offset: int) -> tuple[int, Any]:
             value, _ = decode_value(value_type, raw, offset)
@@ -98,27 +107,39 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...]) -> Callable[[byte
         return whole
     indices = [value_type.field_index(k) for k in key]
     types = tuple(value_type.fields[i] for i in indices)
+    if value_type.name != "binary_row":
+        _check_hashable(DataType("tuple", types))
 
     def fields_of(value: Any) -> list[Any]:
         if value_type.name == "pojo":
             return [value[value_type.field_names[i]] for i in indices]
         if value_type.name == "row":
             return [value.fields[i] for i in indices]
-        if value_type.name == "binary_row":
-            return [value.get(i) for i in indices]
         return [value[i] for i in indices]
 
     def extract(raw: bytes, offset: int) -> tuple[int, Any]:
         value, _ = decode_value(value_type, raw, offset)
-        fields = fields_of(value)
         if value_type.name == "binary_row":  # SQL key selectors project into a new BinaryRowData
-            return binary_row_hash(build_binary_row(types, fields).data), [to_json(t, f) for t, f in zip(types, fields)]
+            key_row = value.project(indices)
+            shown = [to_json(t, f) for t, f in zip(types, key_row.values())] if printable else None
+            return binary_row_hash(key_row.data), shown
+        fields = fields_of(value)
         if len(fields) == 1:
             return java_hash(types[0], fields[0]), to_json(types[0], fields[0])
         tuple_type = DataType("tuple", types)
         return java_hash(tuple_type, tuple(fields)), to_json(tuple_type, tuple(fields))
 
     return extract
+
+
+def _check_hashable(key_type: DataType) -> None:
+    """Refuse, as Flink's keyBy does, a key whose hashCode is the object's identity."""
+    part = unhashable_key_part(key_type)
+    if part:
+        raise SchemaError(
+            f"a key of type {key_type} cannot be used: it contains {part}, whose hashCode is not deterministic; "
+            "Flink refuses such keys too (KeyedStream: 'Type ... cannot be used as key')"
+        )
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -146,7 +167,14 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
         if partitioner is not None and partitioner not in PARTITIONERS:
             raise SchemaError(f"{where}: unknown partitioner {partitioner!r}")
         record_type = entry.get("type")
-        if record_type:
+        avro_schema = None
+        if record_type == "avro":
+            if "avro_schema" not in entry:
+                raise SchemaError(f'{where}: type "avro" needs avro_schema = "<file>.avsc"')
+            from ckpt_tool.records.avro import load_avro_schema
+
+            avro_schema = load_avro_schema(os.path.join(os.path.dirname(os.path.abspath(path)), str(entry["avro_schema"])))
+        elif record_type:
             parse_type(record_type)  # fail early on a bad expression
         key = entry.get("key", [])
         if entry.get("decoder"):
@@ -162,8 +190,14 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
                 record_type=record_type,
                 key=tuple(key if isinstance(key, list) else [key]),
                 decoder=entry.get("decoder"),
+                avro_schema=avro_schema,
             )
         )
+        if record_type and exchanges[-1].key and not exchanges[-1].decoder:
+            try:
+                exchanges[-1].key_function()  # fail early on a key that cannot be computed
+            except CkptError as exc:
+                raise SchemaError(f"{where}: {exc}") from None
     return exchanges
 
 
@@ -239,9 +273,16 @@ def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata) ->
             )
 
 
-def load_exchanges(metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan]) -> list[Exchange]:
-    """The exchanges a plan and/or a schema file describe (schema facts win)."""
+def load_exchanges(
+    metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan], sql_plan: Optional[str] = None
+) -> list[Exchange]:
+    """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
+    over the compiled plan's, which win over the plan's)."""
     from_plan = plan_exchanges(plan) if plan else []
+    if sql_plan:
+        from ckpt_tool.records.sql_plan import sql_plan_exchanges
+
+        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata), metadata)
     from_schema = load_schema(schema, metadata) if schema else []
     exchanges = merge_exchanges(from_plan, from_schema, metadata)
     check_partitions(exchanges, metadata)

@@ -1,0 +1,128 @@
+"""``ckpt schema``: a schema file to fill in, listing every exchange that holds in-flight data.
+
+Each entry names the sending operator (the tail of its chain, which holds result-subpartition
+state) and the receiving operator (the head of its chain, which holds input-channel state) by
+uid, name and id, with gate, partition, partitioner and what is in flight; the record type and
+key are filled in where a compiled SQL plan or a schema says them, else left as placeholders.
+Without a plan, exchanges are known by their receiving side only: the senders that could feed
+each are listed for the user to choose.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Optional
+
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.records.schema import Exchange
+
+
+def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tuple[int, int]:
+    """(buffers, payload bytes) of one gate (input) or partition (output) of an operator."""
+    if op is None:
+        return 0, 0
+    handles = [h for s in op.subtasks for h in s.channel_handles(direction) if h.info[0] == number]
+    return sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles)
+
+
+def _describe(op: OperatorState) -> str:
+    parts = [f'uid "{op.uid}"' if op.uid else "no uid in the metadata", f'name "{op.name}"' if op.name else "no name"]
+    return f"{', '.join(parts)}, id {op.id_hex}, parallelism {op.parallelism}"
+
+
+def _ref(op: OperatorState) -> str:
+    return json.dumps(op.uid or op.id_hex)
+
+
+def schema_skeleton(metadata: CheckpointMetadata, exchanges: Optional[list[Exchange]], source: str) -> str:
+    lines = [
+        f"# Exchanges holding in-flight data in {source} (checkpoint {metadata.checkpoint_id}, metadata v{metadata.version}).",
+        "# Fill in each type and key (README: Record types), then: ckpt inspect CHECKPOINT --schema THIS_FILE",
+        "",
+    ]
+    described: set = set()
+    sent: set = set()
+    count = 0
+    for exchange in exchanges or []:
+        downstream = metadata.operator(exchange.downstream_id)
+        upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
+        inputs = _in_flight(downstream, INPUT, exchange.gate)
+        outputs = _in_flight(upstream, OUTPUT, exchange.partition)
+        described.add((downstream.id_hex, exchange.gate))
+        if upstream is not None:
+            sent.add((upstream.id_hex, exchange.partition))
+        if not inputs[0] and not outputs[0]:
+            continue
+        count += 1
+        lines += ["[[exchange]]"]
+        if upstream is not None:
+            lines += [f"# upstream (tail of its chain): {_describe(upstream)}"]
+        lines += [f"# downstream (head of its chain): {_describe(downstream)}"]
+        lines += [_figures(inputs, outputs)]
+        if upstream is not None:
+            lines += [f"upstream = {_ref(upstream)}"]
+        lines += [f"downstream = {_ref(downstream)}", f"gate = {exchange.gate}", f"partition = {exchange.partition}"]
+        if exchange.partitioner:
+            lines += [f'partitioner = "{exchange.partitioner}"']
+        lines += _type_and_key(exchange)
+        lines += [""]
+    count += _unplanned(metadata, described, lines)
+    for op in metadata.operators:
+        for partition in sorted(
+            {h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)} - {p for i, p in sent if i == op.id_hex}
+        ):
+            buffers, size = _in_flight(op, OUTPUT, partition)
+            if buffers:
+                count += 1
+                lines += [
+                    f"# {_describe(op)} holds {buffers} output buffers ({size} bytes) of partition {partition}",
+                    "# (its exchange, and so its receiver, only --plan can tell).",
+                    "",
+                ]
+    if not count:
+        lines += ["# No exchange holds in-flight data."]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _figures(inputs: tuple[int, int], outputs: tuple[int, int]) -> str:
+    return (
+        f"# in flight: {inputs[0]} input buffers ({inputs[1]} bytes) at the receiver, "
+        f"{outputs[0]} output buffers ({outputs[1]} bytes) at the sender"
+    )
+
+
+def _type_and_key(exchange: Exchange) -> list[str]:
+    if exchange.record_type:
+        return [f"type = {json.dumps(exchange.record_type)}", f"key = {json.dumps(list(exchange.key))}"]
+    if exchange.decoder:
+        return [f"decoder = {json.dumps(exchange.decoder)}"]
+    return ['# type = "..."        # e.g. "tuple<long,string>", "pojo<id:long,name:string>", "binary_row<k:string,...>"',
+            '# key = ["..."]       # the key fields: positions ("f0") or names']  # fmt: skip
+
+
+def _unplanned(metadata: CheckpointMetadata, described: set, lines: list[str]) -> int:
+    """Entries for input gates with data that no plan described: the receiver is known, the
+    sender is one of the operators with output state."""
+    gates: dict[tuple[str, int], OperatorState] = {}
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for h in s.channel_handles(INPUT):
+                if (op.id_hex, h.info[0]) not in described:
+                    gates[(op.id_hex, h.info[0])] = op
+    senders = defaultdict(list)
+    for op in metadata.operators:
+        for partition in sorted({h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)}):
+            senders[partition].append(op)
+    for (_, gate), downstream in sorted(gates.items(), key=lambda item: (item[1].label, item[0][1])):
+        lines += ["[[exchange]]", f"# downstream (head of its chain): {_describe(downstream)}"]
+        lines += [_figures(_in_flight(downstream, INPUT, gate), (0, 0))]
+        candidates = [op for ops in senders.values() for op in ops if op.id_hex != downstream.id_hex]
+        if candidates:
+            lines += ["# upstream: the tail of the sending chain; operators with output state:"]
+            lines += [f"#   {_ref(op)}: {_describe(op)}" for op in candidates]
+        lines += ['# upstream = "..."', f"downstream = {_ref(downstream)}", f"gate = {gate}", "partition = 0"]
+        lines += ['# partitioner = "HASH"']
+        lines += _type_and_key(Exchange(None, downstream.id_hex))
+        lines += [""]
+    return len(gates)

@@ -1,0 +1,155 @@
+"""Exchanges of a Table/SQL job, typed and keyed, from Flink's compiled plan (``COMPILE PLAN``).
+
+A compiled plan lists exec nodes (``{"id": 3, "type": "stream-exec-exchange_1", "outputType":
+"ROW<...>", "inputProperties": [{"requiredDistribution": {"type": "HASH", "keys": [0, 1]}}]}``) and
+edges between them. Each exchange node is one exchange of the job: its output type is the
+exchanged row (``binary_row<...>``), a HASH distribution's keys are the key columns, the node
+feeding it holds the sending side and the node it feeds the receiving side.
+
+Nodes are matched to the checkpoint's operators by the node ids the planner puts into operator
+names (``GroupAggregate[4]``, metadata v5+), or, where the metadata has no names (Flink 1.x), by
+the operator ids of the uids the planner gives jobs run from a compiled plan
+(``<node id>_<transformation>``, e.g. ``4_group-aggregate``; ``table.exec.uid.format``'s default),
+hashed as Flink hashes uids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.flink.operator_id import operator_id_of_uid
+from ckpt_tool.records.flink_types import flink_type_json
+from ckpt_tool.records.types import parse_type
+
+
+class SqlPlanError(CkptError):
+    """A compiled plan that cannot be read or does not fit the checkpoint."""
+
+
+# Transformation names the planner gives its operators (the "<transformation>" of their uids).
+TRANSFORMATIONS = (
+    "source", "watermark-assigner", "calc", "correlate", "group-aggregate", "local-group-aggregate",
+    "global-group-aggregate", "incremental-group-aggregate", "window-aggregate", "local-window-aggregate",
+    "global-window-aggregate", "group-window-aggregate", "python-group-aggregate", "join", "interval-join",
+    "temporal-join", "lookup-join", "window-join", "deduplicate", "window-deduplicate", "rank", "window-rank",
+    "limit", "sort-limit", "sort", "over-aggregate", "expand", "changelog-normalize", "drop-update-before",
+    "mini-batch-assigner", "match", "window-table-function", "constraint-validator", "partitioner",
+    "upsert-materialize", "timestamp-inserter", "sink", "values", "python-calc",
+)  # fmt: skip
+DISTRIBUTIONS = {"HASH": "HASH", "SINGLETON": "GLOBAL", "BROADCAST": "BROADCAST"}
+
+
+@dataclass
+class SqlExchange:
+    """An exchange node of a compiled plan."""
+
+    node: int
+    upstream_node: int
+    downstream_node: int
+    gate: int  # the downstream node's input number
+    row_type: str  # ckpt's binary_row<...>
+    partitioner: Optional[str]
+    key: tuple[Any, ...]
+    description: str
+
+
+def read_compiled_plan(path: str) -> list[SqlExchange]:
+    try:
+        with open(path) as f:
+            document = json.load(f)
+        nodes = {int(n["id"]): n for n in document["nodes"]}
+        edges = [(int(e["source"]), int(e["target"])) for e in document["edges"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SqlPlanError(f"cannot read compiled plan {path}: {exc} (expected the JSON of COMPILE PLAN)") from exc
+    exchanges = []
+    for node_id, node in nodes.items():
+        if not str(node.get("type", "")).startswith("stream-exec-exchange"):
+            continue
+        sources = [s for s, t in edges if t == node_id]
+        targets = [t for s, t in edges if s == node_id]
+        if len(sources) != 1 or not targets:
+            raise SqlPlanError(
+                f"compiled plan {path}: exchange node {node_id} has {len(sources)} inputs and {len(targets)} outputs"
+            )
+        row_type = flink_type_json(node["outputType"])
+        columns = parse_type(row_type)
+        distribution = (node.get("inputProperties") or [{}])[0].get("requiredDistribution", {})
+        kind = str(distribution.get("type", "UNKNOWN")).upper()
+        keys = [int(k) for k in distribution.get("keys", [])] if kind == "HASH" else []
+        names = columns.field_names
+        for target in targets:
+            gate = [s for s, t in edges if t == target].index(node_id)
+            exchanges.append(
+                SqlExchange(
+                    node_id,
+                    sources[0],
+                    target,
+                    gate,
+                    row_type,
+                    DISTRIBUTIONS.get(kind),
+                    tuple(names[k] if names else k for k in keys),
+                    str(node.get("description", "")),
+                )
+            )
+    return exchanges
+
+
+def _by_node_id(metadata: CheckpointMetadata) -> dict[int, list[OperatorState]]:
+    """The checkpoint's operators of each plan node: by the node id ending their names, else by
+    the ids of the planner's uids."""
+    found: dict[int, list[OperatorState]] = {}
+    for op in metadata.operators:
+        match = re.search(r"\[(\d+)\]$", op.name or "")
+        if match:
+            found.setdefault(int(match.group(1)), []).append(op)
+    return found
+
+
+def _by_uid(metadata: CheckpointMetadata, node: int) -> list[OperatorState]:
+    ids = {operator_id_of_uid(f"{node}_{t}"): i for i, t in enumerate(TRANSFORMATIONS)}
+    matched = [op for op in metadata.operators if op.id_hex in ids]
+    return sorted(matched, key=lambda op: ids[op.id_hex])
+
+
+def _pick(candidates: list[OperatorState], direction: str) -> Optional[OperatorState]:
+    """The operator of a node that holds the exchange's side: the one with channel state of that
+    direction, else the chain's head (receiving side) or tail (sending side)."""
+    holding = [op for op in candidates if any(s.channel_handles(direction) for s in op.subtasks)]
+    chosen = holding or candidates
+    if not chosen:
+        return None
+    return chosen[0] if direction == INPUT else chosen[-1]
+
+
+def sql_plan_exchanges(path: str, metadata: CheckpointMetadata):
+    """The exchanges of a compiled plan as ckpt's exchanges; every exchange node must match."""
+    from ckpt_tool.records.schema import Exchange
+
+    by_name = _by_node_id(metadata)
+    exchanges, unmatched = [], []
+    for sql in read_compiled_plan(path):
+        ends = []
+        for node, direction in ((sql.upstream_node, OUTPUT), (sql.downstream_node, INPUT)):
+            op = _pick(by_name.get(node) or _by_uid(metadata, node), direction)
+            if op is None:
+                unmatched.append(f"node {node}")
+            ends.append(op)
+        upstream, downstream = ends
+        if upstream is None or downstream is None:
+            unmatched[-1] += f" (exchange node {sql.node}: {sql.description or sql.row_type})"
+            continue
+        exchanges.append(Exchange(upstream.id_hex, downstream.id_hex, sql.gate, 0, sql.partitioner, sql.row_type, sql.key))
+    if unmatched:
+        raise SqlPlanError(
+            f"compiled plan {path} does not fit this checkpoint: no operator of {', '.join(dict.fromkeys(unmatched))} "
+            "(operators are matched by the node ids in their names, e.g. GroupAggregate[4], or by the planner's "
+            "uids <node id>_<transformation>); is it the plan of this job?"
+        )
+    if not exchanges:
+        raise SqlPlanError(f"compiled plan {path} has no exchange nodes")
+    return exchanges
