@@ -115,8 +115,8 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
         digests: dict[bytes, set[int]] = defaultdict(set)
-        with ChannelStateReader() as reader:
-            for s in op.subtasks:
+        for s in op.subtasks:
+            with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
                     infos = set()
                     for h in s.channel_handles(direction):
