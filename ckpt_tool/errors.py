@@ -16,6 +16,10 @@ class StorageError(CkptError):
     """A file or object could not be read or written."""
 
 
+class AlreadyExistsError(StorageError):
+    """A file ckpt was to create exists already: ckpt never overwrites files."""
+
+
 class CheckpointFormatError(CkptError):
     """Bytes that are not what Flink writes."""
 

@@ -37,7 +37,8 @@ from ckpt_tool.planning import RescalePlan
 from ckpt_tool.records.route import RouteSpec
 from ckpt_tool.session import Session
 from ckpt_tool.storage import join, normalize_uri
-from ckpt_tool.writer import check_destination, fresh_destination, write_checkpoint
+from ckpt_tool.writer import check_destination, write_checkpoint
+from ckpt_tool.writer.claim import Claim, claimed
 
 CHANGELOG_HANDLE_SINCE = 4  # metadata version (Flink 1.16) that can hold ckpt's changelog handle
 
@@ -114,6 +115,7 @@ class RescaleReport:
     carried_buffers: int = 0  # in-flight data kept as it was (exchanges whose parallelism does not change)
     carried_bytes: int = 0
     files_written: int = 0
+    leftovers_removed: int = 0  # files an interrupted earlier run left in DST, removed first
 
     @property
     def estimated(self) -> bool:
@@ -149,6 +151,7 @@ class RescaleReport:
             "dropped": [asdict(d) for d in self.dropped],
             "carried": {"buffers": self.carried_buffers, "bytes": self.carried_bytes},
             "files_written": self.files_written,
+            "leftovers_removed": self.leftovers_removed,
         }
 
 
@@ -218,13 +221,15 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst, session.checkpoint.uri)
     if dry_run:
-        return _rewrite(session, dst, plan, True)
+        return _rewrite(session, dst, plan, None)
     session.start_engine()  # Spark starts in the background while the driver reassigns state
-    with fresh_destination(dst):
-        return _rewrite(session, dst, plan, False)
+    with claimed(dst) as claim:
+        return _rewrite(session, dst, plan, claim)
 
 
-def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> RescaleReport:
+def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim]) -> RescaleReport:
+    """The rewrite under ``claim`` on ``dst``; a dry run (no claim) writes nothing."""
+    dry_run = claim is None
     source = session.checkpoint
     metadata = copy.deepcopy(source.metadata)
     report = RescaleReport(dry_run)
@@ -266,7 +271,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
     engine = LocalEngine() if dry_run else session.engine
     report.engine = engine.name
     dropped = [plan.exchanges[i] for i in plan.dropped]
-    if dry_run:
+    if claim is None:
         report.exchanges = [_scanned_figures(scan, metadata) for scan in scan_exchanges(source, rescaled, engine)]
         report.dropped = _dropped_report(dropped, source, engine)
         return report
@@ -295,7 +300,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
     report.exchanges = _routed_figures(rescaled, routed, read, metadata)
     report.dropped = _dropped_report(dropped, source, engine)
     report.files_written = len(routed) + len(files)
-    write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed))
+    report.leftovers_removed = len(claim.leftovers_removed)
+    write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed), claim)
     return report
 
 

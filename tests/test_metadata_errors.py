@@ -22,7 +22,7 @@ def sample(version: int) -> CheckpointMetadata:
         managed_keyed=KeyGroupsHandle(12, 0, [1, 2, 3], ByteStreamHandle("kg", b"abc"), "id-1"),
         input_channels=[ChannelStateHandle("input", 0, (0, 1), [4], 9, ByteStreamHandle("cs", b"\0\0\0\0\0\0\0\1x"))],
     )
-    op = OperatorState(bytes(range(16)), 1, 128, "op", "uid", subtasks=[subtask, SubtaskState(1, finished=True)])
+    op = OperatorState(bytes(range(16)), 2, 128, "op", "uid", subtasks=[subtask, SubtaskState(1, finished=True)])
     return CheckpointMetadata(version, 7, [], [op], b"\xac\xed\x00\x05p" if version >= 4 else None)
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
-from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
+from ckpt_tool.flink.metadata import iter_stream_handles, map_stream_handles, read_metadata
 from ckpt_tool.flink.model import (
     ByteStreamHandle,
     CheckpointMetadata,
@@ -17,6 +18,7 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
 )
 from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
+from ckpt_tool.storage.base import is_s3
 
 METADATA_FILE = "_metadata"
 
@@ -80,7 +82,11 @@ class Checkpoint:
         if not io.exists(metadata_uri):
             raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
         metadata = read_metadata(io.read(metadata_uri), source=metadata_uri)
-        return Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
+        refuse_escaping_paths(metadata, metadata_uri)
+        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
+        if not is_s3(uri):
+            checkpoint.refuse_escaping_links()
+        return checkpoint
 
     def location(self, handle) -> str | None:
         """Where a stream handle's bytes are now, or None for inline data."""
@@ -116,6 +122,26 @@ class Checkpoint:
             if actual != expected:
                 yield f"{uri} has {actual} bytes, but the checkpoint's _metadata records {expected}"
 
+    def refuse_escaping_links(self) -> None:
+        """A referenced file inside the job directory that is a symbolic link out of it (to
+        ``/etc/shadow``, say) is refused: its bytes would be read, and copied into an output."""
+        job_dir = parent(self.uri)
+        real_job_dir = os.path.realpath(job_dir)
+        real_dirs: dict[str, str] = {}
+        for uri in self.referenced_files():
+            if not _inside(uri, job_dir):
+                continue  # a file Flink shares with other jobs (CLAIM mode): left where it is, never copied
+            directory, name = os.path.split(uri)
+            if directory not in real_dirs:
+                real_dirs[directory] = os.path.realpath(directory)
+            real = os.path.join(real_dirs[directory], name)
+            if os.path.islink(real):
+                real = os.path.realpath(real)
+            if not _inside(real, real_job_dir):
+                raise CheckpointFormatError(
+                    f"{uri} is a symbolic link to {real}, outside the checkpoint's job directory {job_dir}: refused"
+                )
+
     def require_files(self) -> None:
         """Fail with a clear error if a referenced file is missing or not the size recorded."""
         for problem in self.file_problems():
@@ -133,3 +159,38 @@ class Checkpoint:
         if isinstance(handle, SegmentFileHandle):
             return self.io.read_range(uri, handle.start, handle.size)
         return self.io.read(uri)
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _escapes(path: str) -> bool:
+    return ".." in path.split("/")
+
+
+def refuse_escaping_paths(metadata: CheckpointMetadata, source: str) -> None:
+    """Refuse, as corrupt, a handle whose path could lead out of where it belongs: a relative
+    path that is absolute, empty, a URI or has a ``..`` segment, or any path with a ``..``
+    segment (Flink writes neither). Names the operator and subtask that hold it."""
+    owner = ["", ""]
+
+    def enter(op, subtask) -> None:
+        owner[:] = [op.label, "its coordinator" if subtask is None else f"subtask {subtask.index}"]
+
+    def check(handle):
+        if isinstance(handle, RelativeFileHandle):
+            path = handle.relative_path
+            bad = not path or path.startswith("/") or "://" in path or _escapes(path)
+        elif isinstance(handle, (FileHandle, SegmentFileHandle)):
+            path = handle.path
+            bad = _escapes(normalize_uri(path))
+        else:
+            return handle
+        if bad:
+            raise CheckpointFormatError(
+                f"{source}: operator {owner[0]}, {owner[1]}: the state handle path {path!r} leads out of the checkpoint; refused"
+            )
+        return handle
+
+    map_stream_handles(metadata, check, enter)

@@ -88,12 +88,15 @@ class JavaReader:
     def i64(self, what: str = "a long") -> int:
         return _LONG.unpack(self._take(8, what))[0]
 
-    def count(self, what: str) -> int:
-        """An int that counts following items; negative counts are malformed."""
+    def count(self, what: str, item_bytes: int = 1) -> int:
+        """An int that counts following items of at least ``item_bytes`` each; negative counts,
+        and counts of more items than the bytes left can hold, are malformed."""
         start = self.pos
         value = self.i32(what)
         if value < 0:
             self.fail(f"negative {what} {value}", at=start)
+        if value * item_bytes > len(self.data) - self.pos:
+            self.fail(f"{what} {value} needs more than the {len(self.data) - self.pos} bytes left", at=start)
         return value
 
     def utf(self, what: str = "a string") -> str:

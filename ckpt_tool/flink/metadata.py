@@ -19,6 +19,7 @@ from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
+    UPPER_BOUND_MAX_PARALLELISM,
     ByteStreamHandle,
     ChangelogBackendHandle,
     ChangelogStreamHandle,
@@ -142,8 +143,13 @@ class _MetadataReader:
             name = r.utf("operator name") or None
             uid = r.utf("operator uid") or None
         operator_id = r.raw(16, "operator id")
+        at = r.pos
         parallelism = r.i32("parallelism")
         max_parallelism = r.i32("max parallelism")
+        if not 1 <= max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
+            r.fail(f"max parallelism {max_parallelism} is outside 1 to {UPPER_BOUND_MAX_PARALLELISM} (Flink's bound)", at=at)
+        if not 1 <= parallelism <= max_parallelism:
+            r.fail(f"parallelism {parallelism} is outside 1 to the max parallelism {max_parallelism}", at=at)
         at = r.pos
         coordinator = self.stream_handle()
         if coordinator is not None and not isinstance(coordinator, ByteStreamHandle):
@@ -155,8 +161,15 @@ class _MetadataReader:
                 r.fail("a fully finished operator has coordinator state", at=at)
             op.fully_finished = True
             return op
+        held: set[int] = set()
         for _ in range(num_subtasks):
+            at = r.pos
             stored = r.i32("subtask index")
+            index = -stored - 1 if stored < 0 else stored
+            if index >= parallelism or index in held:
+                what = "repeats" if index in held else f"is not below the parallelism {parallelism}"
+                r.fail(f"subtask index {index} {what}", at=at)
+            held.add(index)
             if stored < 0:
                 op.subtasks.append(SubtaskState(index=-stored - 1, finished=True))
             else:
@@ -209,7 +222,7 @@ class _MetadataReader:
     def key_group_offsets(self) -> tuple[int, list[int]]:
         r = self.r
         start = r.i32("start key group")
-        count = r.count("number of key groups")
+        count = r.count("number of key groups", 8)
         return start, [r.i64("key group offset") for _ in range(count)]
 
     def keyed_handle(self):
@@ -297,7 +310,7 @@ class _MetadataReader:
             mode = r.i8("distribution mode")
             if not 0 <= mode <= 2:
                 r.fail(f"unknown distribution mode {mode}", at=mode_at)
-            offsets = [r.i64("partition offset") for _ in range(r.count("number of partition offsets"))]
+            offsets = [r.i64("partition offset") for _ in range(r.count("number of partition offsets", 8))]
             states.append(OperatorStateInfo(name, mode, offsets))
         handle = OperatorStateHandle(tag, states, None)
         if tag == SEGMENT_OPERATOR_STATE:
@@ -323,7 +336,7 @@ class _MetadataReader:
         r = self.r
         subtask = r.i32("subtask index")
         info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
-        offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets"))]
+        offsets = _buffer_offsets(r)
         size = r.i64("channel state size")
         return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
 
@@ -339,13 +352,26 @@ class _MetadataReader:
         return merged
 
 
+def _buffer_offsets(r: JavaReader) -> list[int]:
+    """A channel handle's buffer offsets: after the file header, in the order written, each
+    buffer's 4-byte length at least before the next (a handle never lists a buffer twice)."""
+    at = r.pos
+    offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets", 8))]
+    previous = -1
+    for offset in offsets:
+        if offset < 4 or offset < previous + 4:
+            r.fail(f"buffer offset {offset} is inside the file header or repeats or overlaps the one before", at=at)
+        previous = offset
+    return offsets
+
+
 def _unmerge(merged: MergedChannelStateHandle, r: JavaReader) -> list[ChannelStateHandle]:
     """Decode ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets."""
     channels = []
     for _ in range(r.count("number of merged channels")):
         info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
         size = r.i64("channel state size")
-        offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets"))]
+        offsets = _buffer_offsets(r)
         channels.append(ChannelStateHandle(merged.direction, merged.subtask_index, info, offsets, size, merged.delegate))
     if r.remaining:
         r.fail("trailing bytes in merged channel offsets")
@@ -594,9 +620,11 @@ class _MetadataWriter:
             self.stream_handle(h.delegate)
 
 
-def map_stream_handles(metadata: CheckpointMetadata, replace) -> None:
+def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> None:
     """Replace, in place, every stream handle the checkpoint references by ``replace(handle)``
-    (files and inline data; key-groups handles are looked through to their delegate)."""
+    (files and inline data; key-groups handles are looked through to their delegate).
+    ``enter(operator, subtask)`` is called before the handles of each operator's coordinator
+    (subtask None) and of each of its subtasks."""
 
     def stream(h):
         if h is None:
@@ -620,8 +648,12 @@ def map_stream_handles(metadata: CheckpointMetadata, replace) -> None:
             h.handles_and_offsets = [(stream(inner), offset) for inner, offset in h.handles_and_offsets]
 
     for op in metadata.operators:
+        if enter:
+            enter(op, None)
         op.coordinator_state = stream(op.coordinator_state)
         for s in op.subtasks:
+            if enter:
+                enter(op, s)
             for handle in (s.managed_operator, s.raw_operator):
                 if handle is not None:
                     handle.delegate = stream(handle.delegate)

@@ -192,6 +192,7 @@ class OperatorStateHandle:
 
 # --- channel state (in-flight data) -------------------------------------------------------------
 
+UPPER_BOUND_MAX_PARALLELISM = 1 << 15  # KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM
 INPUT = "input"
 OUTPUT = "output"
 

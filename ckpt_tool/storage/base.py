@@ -66,7 +66,8 @@ class FileIO(ABC):
         return self.read(uri)
 
     def write(self, uri: str, data: bytes) -> None:
-        """Create ``uri`` with ``data``; fails if it exists (ckpt never overwrites)."""
+        """Create ``uri`` with ``data``; fails with AlreadyExistsError if it exists (ckpt never
+        overwrites), which makes a write an exclusive create, the destination lock included."""
         self.write_stream(uri, (data,))
 
     @abstractmethod
@@ -77,6 +78,9 @@ class FileIO(ABC):
     @abstractmethod
     def delete(self, uri: str) -> None:
         """Remove a file ckpt wrote (used to leave nothing behind when a write fails)."""
+
+    def set_mode(self, uri: str, mode: int) -> None:  # noqa: B027 (a no-op where there are no modes)
+        """Set a file's permission bits, where the storage has them (object stores do not)."""
 
 
 def io_for(uri: str) -> FileIO:

@@ -6,7 +6,7 @@ import mmap
 import os
 from collections.abc import Iterable
 
-from ckpt_tool.errors import StorageError
+from ckpt_tool.errors import AlreadyExistsError, StorageError
 from ckpt_tool.storage.base import FileIO, normalize_uri
 
 
@@ -56,24 +56,36 @@ class LocalFileIO(FileIO):
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
+        """Created owner-only (the writer opens it up as far as its sources are, at the end);
+        a file this call created is removed again if writing it fails."""
         path = self._path(uri)
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "xb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError as exc:
-            raise StorageError(f"{uri} already exists; ckpt never overwrites files") from exc
+            raise AlreadyExistsError(f"{uri} already exists; ckpt never overwrites files") from exc
         except OSError as exc:
             raise StorageError(f"cannot write {uri}: {exc.strerror or exc}") from exc
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+        except BaseException as exc:
+            os.remove(path)
+            if isinstance(exc, OSError):
+                raise StorageError(f"cannot write {uri}: {exc.strerror or exc}") from exc
+            raise
+
+    def set_mode(self, uri: str, mode: int) -> None:
+        try:
+            os.chmod(self._path(uri), mode)
+        except OSError as exc:
+            raise StorageError(f"cannot change the mode of {uri}: {exc.strerror or exc}") from exc
 
     def delete(self, uri: str) -> None:
-        path = self._path(uri)
         try:
-            os.remove(path)
-            directory = os.path.dirname(path)
-            while directory and not os.listdir(directory):  # directories ckpt created, now empty
-                os.rmdir(directory)
-                directory = os.path.dirname(directory)
-        except OSError:
+            os.remove(self._path(uri))
+        except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise StorageError(f"cannot remove {uri}: {exc.strerror or exc}") from exc

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Optional
 
 from ckpt_tool.errors import CkptError, OutputExistsError
@@ -13,6 +12,7 @@ from ckpt_tool.flink.metadata import map_stream_handles, write_metadata
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, join, normalize_uri, parent
 from ckpt_tool.storage.base import is_s3
+from ckpt_tool.writer.claim import Claim, claimed
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -55,20 +55,19 @@ def check_destination(dst: str, source: Optional[str] = None) -> None:
         raise OutputExistsError(f"{join(dst, METADATA_FILE)} already exists; choose a new destination")
 
 
-@contextmanager
-def fresh_destination(dst: str) -> Iterator[None]:
-    """Refuse a destination holding a checkpoint; if the work inside fails, remove every file it
-    added there, so that a failed command leaves nothing behind."""
-    check_destination(dst)
-    io = io_for(dst)
-    before = set(io.list(dst))
-    try:
-        yield
-    except BaseException:
-        for uri in io.list(dst):
-            if uri not in before:
-                io.delete(uri)
-        raise
+def readable_mode(source: Checkpoint) -> int:
+    """Permission bits for every file written: no more readable than any local file of the
+    source (nor than the umask allows); the owner, who read the source, keeps read and write."""
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask
+    if not is_s3(source.uri):
+        for path in [join(source.uri, METADATA_FILE), *source.referenced_files()]:
+            try:
+                mode &= os.stat(path).st_mode
+            except OSError:
+                continue  # missing files are reported where they are read
+    return mode | 0o600
 
 
 def write_checkpoint(
@@ -78,21 +77,26 @@ def write_checkpoint(
     new_files: dict[str, bytes],
     progress: Progress = None,
     already_written: frozenset[str] = frozenset(),
+    claim: Optional[Claim] = None,
 ) -> CheckpointMetadata:
-    """Write ``metadata`` as a checkpoint at ``dst``.
+    """Write ``metadata`` as a checkpoint at ``dst``, under ``claim`` (else under a claim of its own).
 
     ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
     ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there.
     Files of ``src`` that ``metadata`` still references and that lie inside the source checkpoint
-    or its job directory (RocksDB's ``shared/``) are copied to the same relative place under
-    ``dst`` and referenced relative to it (``metadata`` is changed in place), so the output can
-    be moved. Files outside are left where they are. ``_metadata`` is written last.
+    or its job directory (RocksDB's ``shared/``) are copied into ``dst`` under names of ckpt's own
+    (a handle's path never becomes an output path) and referenced relative to it (``metadata`` is
+    changed in place), so the output can be moved. Files outside are left where they are. Every
+    file is made no more readable than the source's, and ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
+    if claim is None:
+        with claimed(dst) as own:
+            return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own)
     out = io_for(dst)
     job_dir = parent(src.uri)
-    copies: dict[str, str] = {}
+    copies: dict[str, str] = {}  # source location -> name in dst
     carried: set[int] = set()  # handles made here (a handle object may be reached more than once)
 
     def carry(handle):
@@ -106,28 +110,33 @@ def write_checkpoint(
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
             return handle
         location = src.file_location(handle)
-        for base in (src.uri, job_dir):
-            if location.startswith(base + "/"):
-                relative = location[len(base) + 1 :]
-                break
-        else:
+        if not any(location.startswith(base + "/") for base in (src.uri, job_dir)):
             return handle  # outside the source's directories: left where it is
-        copies[location] = join(dst, relative)
+        name = copies.setdefault(location, f"ckpt-copy-{len(copies):06d}")
         moved: SegmentFileHandle | RelativeFileHandle
         if isinstance(handle, SegmentFileHandle):
-            handle.path = flink_path(copies[location])
+            handle.path = flink_path(join(dst, name))
             moved = handle
         else:
-            moved = RelativeFileHandle(relative, handle.size)
+            moved = RelativeFileHandle(name, handle.size)
         carried.add(id(moved))
         return moved
 
     map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
-    writes += [(target, lambda source=source: src.io.read(source)) for source, target in sorted(copies.items())]
+    writes += [(join(dst, name), lambda source=source: src.io.read(source)) for source, name in sorted(copies.items())]
     for done, (target, content) in enumerate(writes, start=1):
         out.write(target, content())
         if progress:
             progress(done, len(writes))
-    out.write(join(dst, METADATA_FILE), write_metadata(metadata))
+    mode = readable_mode(src)
+    for uri in claim.created_files():
+        out.set_mode(uri, mode)
+    published = join(dst, METADATA_FILE)
+    out.write(published, write_metadata(metadata))
+    try:
+        out.set_mode(published, mode)
+    except BaseException:
+        out.delete(published)  # ckpt's own: it did not exist a moment ago
+        raise
     return metadata
