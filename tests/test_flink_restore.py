@@ -11,7 +11,7 @@ import flink_env
 from catalog import tree_digest
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import iter_stream_handles
-from ckpt_tool.flink.model import FileHandle
+from ckpt_tool.flink.model import FileHandle, RelativeFileHandle
 from ckpt_tool.writer import write_checkpoint
 
 pytestmark = pytest.mark.flink
@@ -27,9 +27,14 @@ def test_relocated_checkpoint_restores_with_exact_count(restorable, tmp_path):
     write_checkpoint(source, copy.deepcopy(source.metadata), str(destination), {})
 
     assert tree_digest(fixture.directory) == before, "the input checkpoint was modified"
-    if not any(isinstance(h, FileHandle) for h in iter_stream_handles(source.metadata)):
-        # nothing but relative and inline handles: the metadata is carried over unchanged
-        assert (destination / "_metadata").read_bytes() == fixture.metadata_file.read_bytes()
+    written = Checkpoint.open(str(destination))
+    for before_handle, after in zip(iter_stream_handles(source.metadata), iter_stream_handles(written.metadata), strict=True):
+        # every file handle now names a copy under a name of ckpt's own, holding the same bytes
+        if isinstance(before_handle, (FileHandle, RelativeFileHandle)) and source.location(before_handle).startswith(
+            str(fixture.checkpoint.parent)
+        ):
+            assert isinstance(after, RelativeFileHandle) and after.relative_path.startswith("ckpt-copy-")
+            assert written.handle_bytes(after) == source.handle_bytes(before_handle)
     count = flink_env.restore_count(info["flink_version"], destination, info["parallelism"], backend=info["backend"])
     assert count == info["source_records"]
 
@@ -67,7 +72,7 @@ def rewrite_channel_state(source: Checkpoint, directory):
                 handles = [(d, h) for d in (INPUT, OUTPUT) for h in subtask.channel_handles(d)]
                 if not handles:
                     continue
-                name = f"ckpt-channel-state-{op.id_hex}-{subtask.index}"
+                name = f"rewritten-channel-state-{op.id_hex}-{subtask.index}"
                 pieces = [(i, reader.payload(BufferSource.of(source, h))) for i, (_, h) in enumerate(handles)]
                 writer = write_channel_state_file(io_for(str(directory)), str(directory / name), pieces, 4096)
                 delegate = RelativeFileHandle(name, writer.size)

@@ -36,7 +36,7 @@ from ckpt_tool.flink.channel_state import (
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.records import _framing
-from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
+from ckpt_tool.records.batch import ChannelRecords, KeyGroups, Values, frame_channel
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
 from ckpt_tool.records.scan import ChannelScan, scan_records
@@ -93,20 +93,31 @@ def naming(where: str) -> Iterator[None]:
         raise type(exc)(f"{where}: {exc}") from exc
 
 
-def read_whole_records(reader: ChannelStateReader, task: ChannelTask, label: str) -> ChannelRecords:
-    """A channel that is rewritten must split into whole records: a cut record would be lost."""
-    with naming(f"{label}, channel {task.upstream_subtask} -> {task.downstream_subtask}"):
+def read_whole_records(
+    reader: ChannelStateReader, task: ChannelTask, label: str, exchange: Exchange, keys: Optional[KeyGroups]
+) -> ChannelRecords:
+    """A channel that is rewritten must split into whole records of its type: a cut record would
+    be lost, and one that does not decode is not what the schema says."""
+    with naming(f"{label}: channel {task.upstream_subtask} -> {task.downstream_subtask}"):
         records = read_channel(reader, task)
         if records.trailing:
             raise CheckpointFormatError(
                 f"{records.trailing} bytes of a cut record at byte {len(records.data) - records.trailing} "
                 "(the channel's data does not split into whole records)"
             )
+        check_values(records, exchange, keys)
     return records
 
 
 def key_groups_of(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
     return KeyGroups(exchange, max_parallelism) if exchange.keyed else None
+
+
+def check_values(records: ChannelRecords, exchange: Exchange, keys: Optional[KeyGroups]) -> None:
+    """Every record value must fill exactly its framed length (a keyed exchange's are checked
+    as their key groups are computed)."""
+    if keys is None:
+        Values(exchange).check(records, records.is_record)
 
 
 def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset()) -> ChannelScan:
@@ -122,8 +133,10 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
         sum(len(s.offsets) for s in task.outputs),
     )
     owned = key_group_range(task.max_parallelism, task.parallelism, task.downstream_subtask)
+    keys = key_groups_of(exchange, task.max_parallelism)
     with naming(f"channel {task.upstream_subtask} -> {task.downstream_subtask}"):
-        return scan_records(scan, records, key_groups_of(exchange, task.max_parallelism), owned, suspects)
+        check_values(records, exchange, keys)
+        return scan_records(scan, records, keys, owned, suspects)
 
 
 # --- routing ------------------------------------------------------------------------------------
@@ -196,9 +209,12 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
         def pieces():
             for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
                 channels = list(same_upstream)
-                decoded = [(t.downstream_subtask, read_whole_records(reader, t, spec.label)) for t in channels]
-                with naming(f"{spec.label}, channels from upstream subtask {channels[0].upstream_subtask}"):
-                    for target, framed, count in route_upstream(decoded, spec, keys, result.counters):
+                decoded = [
+                    (t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels
+                ]
+                upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
+                with naming(spec.label):
+                    for target, framed, count in route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism):
                         records[target] += count
                         digests.setdefault(target, xxhash.xxh3_128()).update(framed)
                         yield target, framed

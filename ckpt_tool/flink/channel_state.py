@@ -20,6 +20,7 @@ really there, never from the metadata alone.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -68,6 +69,21 @@ class BufferSource:
         return self.location or "inline channel state"
 
 
+def _fresh_errors(method):
+    """A reader method whose errors are raised afresh, outside the except block: the original's
+    traceback holds views of the reader's mapped files, which would keep ``close`` from closing them."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except CheckpointFormatError as exc:
+            message = str(exc)
+        raise CheckpointFormatError(message)
+
+    return wrapped
+
+
 class ChannelStateReader:
     """Reads the buffers of channel handles. Files stay open (mapped) for the reader's lifetime,
     since channels share files; ``close`` releases them. Use one reader per task."""
@@ -88,17 +104,20 @@ class ChannelStateReader:
                 close()
         self._mapped.clear()
 
+    @_fresh_errors
     def payload(self, source: BufferSource) -> bytes:
         """The payloads of the source's buffers, concatenated: its part of a channel's stream."""
         data, offsets = self._data(source)
         return _payloads(data, offsets, source.where)
 
+    @_fresh_errors
     def payload_and_lengths(self, source: BufferSource) -> tuple[bytes, list[int]]:
         """The payloads concatenated, and each buffer's length."""
         data, offsets = self._data(source)
         stream = _payloads(data, offsets, source.where)
         return stream, [_LENGTH.unpack_from(data, o)[0] for o in offsets]
 
+    @_fresh_errors
     def buffer_digests(self, source: BufferSource, min_bytes: int = 0) -> list[bytes]:
         """An xxh3-128 digest of each buffer of at least ``min_bytes``, read where it lies (no copy)."""
         data, offsets = self._data(source)

@@ -19,13 +19,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, PARALLELISM, STRING, InputFileError, checked, checked_key
 
 POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
 
 
-class PlanError(CkptError):
+class PlanError(InputFileError):
     """A plan file that cannot be read or does not fit the checkpoint."""
 
 
@@ -74,29 +74,28 @@ def read_plan_document(path: str) -> dict:
     try:
         with open(path) as f:
             document: Any = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise PlanError(f"cannot read plan {path}: {exc}") from exc
     while isinstance(document, dict) and "nodes" not in document and isinstance(document.get("plan"), dict):
         document = document["plan"]  # REST /jobs/<id>/plan, /jobs/<id>, History Server archive
     if not isinstance(document, dict) or not isinstance(document.get("nodes"), list):
         raise PlanError(f"cannot read plan {path}: no 'nodes' (expected Flink's job plan, e.g. from GET /jobs/<job-id>/plan)")
+    if not document["nodes"]:
+        raise PlanError(f"plan {path} has no nodes")
     return document
 
 
 def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
     """Read a plan file and match its vertices to the checkpoint's operators."""
-    document = read_plan_document(path)
-    try:
-        vertices = {}
-        for node in document["nodes"]:
-            description = str(node.get("description", ""))
-            vertex = PlanVertex(str(node["id"]), int(node.get("parallelism", 0)), description, _chain_names(description))
-            for edge in node.get("inputs", []):
-                strategy = str(edge.get("ship_strategy", "HASH")).upper()
-                vertex.inputs.append(PlanEdge(str(edge["id"]), int(edge.get("num", 0)), strategy))
-            vertices[vertex.id] = vertex
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError(f"cannot read plan {path}: malformed node ({exc})") from exc
+    vertices: dict[str, PlanVertex] = {}
+    for index, node in enumerate(read_plan_document(path)["nodes"]):
+        try:
+            vertex = _vertex(node, f"nodes[{index}]")
+        except PlanError as exc:
+            raise PlanError(f"plan {path}: {exc}") from None
+        if vertex.id in vertices:
+            raise PlanError(f"plan {path}: nodes[{index}] is vertex {vertex.id} again")
+        vertices[vertex.id] = vertex
     _check_matches(path, vertices, metadata)
     for vertex in vertices.values():
         vertex.members = _members(vertex, metadata)
@@ -121,6 +120,25 @@ def _check_matches(path: str, vertices: dict[str, PlanVertex], metadata: Checkpo
         for edge in vertex.inputs:
             if edge.upstream not in vertices:
                 raise PlanError(f"plan {path}: vertex {vertex.label} reads from {edge.upstream}, which the plan lacks")
+
+
+def _vertex(node: Any, where: str) -> PlanVertex:
+    """The plan node at ``where`` (``nodes[2]``), every field checked."""
+    checked(node, OBJECT, PlanError, where)
+    description = checked_key(node, "description", STRING, PlanError, "", where)
+    vertex = PlanVertex(
+        checked_key(node, "id", STRING, PlanError, within=where),
+        checked_key(node, "parallelism", PARALLELISM, PlanError, within=where),
+        description,
+        _chain_names(description),
+    )
+    for number, edge in enumerate(checked_key(node, "inputs", LIST, PlanError, [], where)):
+        at = f"{where}.inputs[{number}]"
+        checked(edge, OBJECT, PlanError, at)
+        upstream = checked_key(edge, "id", STRING, PlanError, within=at)
+        gate = checked_key(edge, "num", NON_NEGATIVE, PlanError, 0, at)
+        vertex.inputs.append(PlanEdge(upstream, gate, checked_key(edge, "ship_strategy", STRING, PlanError, "HASH", at).upper()))
+    return vertex
 
 
 def _chain_names(description: str) -> list[str]:

@@ -5,13 +5,15 @@ more than all the I/O. ``frame_channel`` finds every record with one C loop (the
 is sequential), then classifies all elements at once. ``KeyGroups`` computes key groups for a
 whole channel: vectorised where the key sits at a fixed place in every record (scalar keys of
 tuples, POJOs and plain values, which is most DataStream jobs), and by the per-record key
-function otherwise (strings, rows, SQL rows, plug-ins).
+function otherwise (strings, rows, SQL rows, plug-ins). ``Values`` checks that every record's
+value fills exactly its framed length, with NumPy where the type's layout allows it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional
 
 import numpy as np
@@ -20,7 +22,8 @@ from ckpt_tool.records import _framing
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.records.types import DataType, RecordDecodeError, parse_type
+from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type
+from ckpt_tool.records.types.binary import null_bits_size
 
 
 @dataclass
@@ -69,27 +72,37 @@ def frame_channel(data: bytes) -> ChannelRecords:
         ends[-1] = end
     sizes = ends - starts - 4
     if (sizes == 0).any():
-        raise RecordDecodeError("empty stream element")
+        raise _element_error(starts, _first(sizes == 0), "empty stream element")
     tags = np.frombuffer(data, dtype=np.uint8)[starts + 4] if len(starts) else np.zeros(0, np.uint8)
-    _check_elements(tags, sizes)
+    _check_elements(starts, tags, sizes)
     return ChannelRecords(data, starts, ends, tags, len(data) - end)
 
 
-def _check_elements(tags: np.ndarray, sizes: np.ndarray) -> None:
+def _element_error(starts: np.ndarray, index: int, problem: str) -> RecordDecodeError:
+    """``problem`` of element ``index``, named by its position in the channel."""
+    return RecordDecodeError(f"stream element {index} (from byte {starts[index]} of the channel): {problem}")
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def _check_elements(starts: np.ndarray, tags: np.ndarray, sizes: np.ndarray) -> None:
     known = tags <= RECORD
     for tag, (kind, size) in NON_RECORDS.items():
         mine = tags == tag
         known |= mine
         wrong = mine & (sizes != 1 + size)
         if wrong.any():
-            raise RecordDecodeError(f"{kind} element of {sizes[wrong][0]} bytes, expected {1 + size}")
+            raise _element_error(starts, _first(wrong), f"{kind} element of {sizes[wrong][0]} bytes, expected {1 + size}")
     if not known.all():
-        raise RecordDecodeError(f"unknown stream element tag {tags[~known][0]}")
-    if ((tags == RECORD_WITH_TIMESTAMP) & (sizes < 9)).any():
-        raise RecordDecodeError("record too short for its timestamp")
+        raise _element_error(starts, _first(~known), f"unknown stream element tag {tags[~known][0]}")
+    short = (tags == RECORD_WITH_TIMESTAMP) & (sizes < 9)
+    if short.any():
+        raise _element_error(starts, _first(short), "record too short for its timestamp")
 
 
-# --- key groups ---------------------------------------------------------------------------------
+# --- fixed-width fields -------------------------------------------------------------------------
 
 _U32 = np.uint32
 # scalar -> (bytes, big-endian dtype) as Flink's serializers write them
@@ -114,24 +127,155 @@ class _FixedKey:
     expected: tuple[tuple[int, int], ...]  # (offset in the value, byte)
 
 
-def _fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
-    """The fixed layout of a key, or None where a field before or in the key varies in size."""
+@dataclass(frozen=True)
+class _Leading:
+    """A value's leading fixed-width fields: where each is, which bytes must hold which value for
+    that to be so (a POJO's flags and null flags), where they end, and the fields after them."""
+
+    places: tuple[tuple[int, str], ...]  # (offset in the value, scalar type), by field
+    expected: tuple[tuple[int, int], ...]  # (offset in the value, byte)
+    end: int
+    rest: tuple[DataType, ...]
+
+
+def _leading(value_type: DataType) -> _Leading:
     if value_type.name in _FIXED:
-        return _FixedKey(((0, value_type.name),), ()) if list(key) in (["value"], ["*"]) else None
+        return _Leading(((0, value_type.name),), (), _FIXED[value_type.name][0], ())
     if value_type.name not in ("tuple", "pojo"):
-        return None
+        return _Leading((), (), 0, (value_type,))
     pojo = value_type.name == "pojo"
-    order = [value_type.field_index(k) for k in key]
-    offset, expected, places = (1, [(0, 0x02)], {}) if pojo else (0, [], {})
-    for index, field_type in enumerate(value_type.fields[: max(order) + 1]):
+    offset, expected, places = (1, [(0, 0x02)], []) if pojo else (0, [], [])
+    for field_type in value_type.fields:
         if field_type.name not in _FIXED:
-            return None
+            break
         if pojo:
             expected.append((offset, 0))  # not null
             offset += 1
-        places[index] = (offset, field_type.name)
+        places.append((offset, field_type.name))
         offset += _FIXED[field_type.name][0]
-    return _FixedKey(tuple(places[i] for i in order), tuple(expected))
+    return _Leading(tuple(places), tuple(expected), offset, tuple(value_type.fields[len(places) :]))
+
+
+def _fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
+    """The fixed layout of a key, or None where a field before or in the key varies in size."""
+    leading = _leading(value_type)
+    if value_type.name in _FIXED:
+        return _FixedKey(leading.places, ()) if list(key) in (["value"], ["*"]) else None
+    if value_type.name not in ("tuple", "pojo"):
+        return None
+    order = [value_type.field_index(k) for k in key]
+    if max(order) >= len(leading.places):
+        return None
+    last = leading.places[max(order)][0]
+    return _FixedKey(tuple(leading.places[i] for i in order), tuple(e for e in leading.expected if e[0] < last))
+
+
+# --- values -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Values of fixed-width fields, possibly ending in one field of varying size: a string
+    (``StringValue``: a varint length + 1, then a varint per UTF-16 unit) or an int length and
+    that many bytes (``byte[]``, ``BinaryRowData`` of at least ``minimum`` bytes)."""
+
+    expected: tuple[tuple[int, int], ...]  # (offset in the value, byte)
+    width: int  # bytes before the last field of varying size
+    tail: Optional[str]  # None, "string" or "sized"
+    minimum: int = 0
+
+
+def _layout(value_type: DataType) -> Optional[_Layout]:
+    """The layout of a type's values, or None where it takes decoding value by value."""
+    leading = _leading(value_type)
+    expected, width = list(leading.expected), leading.end
+    if not leading.rest:
+        return _Layout(tuple(expected), width, None)
+    if len(leading.rest) > 1 or leading.rest[0].name not in ("string", "bytes", "binary_row"):
+        return None
+    last = leading.rest[0]
+    if value_type.name == "pojo":
+        expected.append((width, 0))  # not null
+        width += 1
+    if last.name == "string":
+        return _Layout(tuple(expected), width, "string")
+    arity = len(last.fields)
+    return _Layout(tuple(expected), width, "sized", null_bits_size(arity) + 8 * arity if last.name == "binary_row" else 0)
+
+
+class Values:
+    """Checks a channel's records against the exchange's record type: every value must decode to
+    exactly its framed length. Values of a ``_Layout`` are checked with NumPy over the whole
+    channel; the others, and those the layout cannot vouch for (a POJO with a null), are decoded
+    one by one, and the first that does not fit is the error."""
+
+    def __init__(self, exchange: Exchange):
+        self.layout: Optional[_Layout] = None
+        self.decode: Optional[Callable[[bytes, int], Any]] = None
+        if exchange.record_type == "avro":
+            from ckpt_tool.records.avro import AvroReader
+
+            self.decode = AvroReader(exchange.avro_schema or "null", logical=False).read
+        elif exchange.record_type:
+            value_type = parse_type(exchange.record_type)
+            self.layout = _layout(value_type)
+            self.decode = partial(decode_value, value_type)
+
+    def check(self, records: ChannelRecords, selected: np.ndarray) -> None:
+        """Raise a RecordDecodeError for the first selected record whose value does not fit."""
+        if self.decode is None:
+            return
+        chosen = np.flatnonzero(selected)
+        values = records.value_starts()
+        if self.layout is not None:
+            chosen = chosen[~_fits(self.layout, records.data, values[chosen], records.ends[chosen])]
+        for i in chosen.tolist():
+            try:
+                self.decode(records.element(i), int(values[i] - records.starts[i] - 4))
+            except RecordDecodeError as exc:
+                raise _element_error(records.starts, i, str(exc)) from None
+
+
+def _fits(layout: _Layout, data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each value (``data[starts[i]:ends[i]]``) is one value of the layout, exactly."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+
+    def byte(at: np.ndarray) -> np.ndarray:  # where ``at`` is past the value the value does not fit anyway
+        return raw[np.minimum(at, len(raw) - 1)].astype(np.int64)
+
+    fits = ends - starts >= layout.width + {None: 0, "string": 1, "sized": 4}[layout.tail]
+    for offset, expected in layout.expected:
+        fits &= byte(starts + offset) == expected
+    tail = starts + layout.width
+    if layout.tail is None:
+        return fits & (ends == tail)
+    if layout.tail == "sized":
+        length = (byte(tail) << 24 | byte(tail + 1) << 16 | byte(tail + 2) << 8 | byte(tail + 3)).astype(np.uint32).view(np.int32)
+        return fits & (length >= layout.minimum) & (ends == tail + 4 + length)
+    # a string: the varint of its length + 1 (at most 5 bytes), then that many - 1 varints, each
+    # ending in the one byte of it below 0x80: the bytes from 0x80 (few, in most text) are counted
+    first = byte(tail)
+    length, size, more = first & 0x7F, np.ones_like(tail), first >= 0x80
+    for k in range(1, 5):
+        if not more.any():
+            break
+        following = byte(tail + k)
+        length |= np.where(more, (following & 0x7F) << (7 * k), 0)
+        size += more
+        more &= following >= 0x80
+    chars = tail + size
+    fits &= ~more & (chars <= ends)
+    chars = np.minimum(chars, ends)
+    empty = chars == ends
+    endings = ends - chars
+    high = np.flatnonzero(raw >= 0x80)
+    if len(high):
+        endings -= np.searchsorted(high, ends) - np.searchsorted(high, chars)
+    whole = empty | (byte(ends - 1) < 0x80)
+    return fits & np.where(length == 0, empty, (endings == length - 1) & whole)
+
+
+# --- key groups ---------------------------------------------------------------------------------
 
 
 def _field_hash(values: np.ndarray, name: str) -> np.ndarray:
@@ -169,7 +313,8 @@ def murmur_key_groups(hashes: np.ndarray, max_parallelism: int) -> np.ndarray:
 
 
 class KeyGroups:
-    """Key groups of a keyed exchange's records, a channel at a time."""
+    """Key groups of a keyed exchange's records, a channel at a time; their values are checked
+    against the record type on the way (the per-record key function decodes each one whole)."""
 
     def __init__(self, exchange: Exchange, max_parallelism: int):
         self.max_parallelism = max_parallelism
@@ -177,10 +322,13 @@ class KeyGroups:
         if exchange.record_type and not exchange.decoder:
             self.fixed = _fixed_key(parse_type(exchange.record_type), exchange.key)
         self.exchange = exchange
+        self.values = Values(exchange)
         self._key_of: Optional[Callable[[bytes, int], tuple[int, Any]]] = None  # built on first need
 
     def of(self, records: ChannelRecords, selected: np.ndarray) -> np.ndarray:
         """The key group of each selected element (records only)."""
+        if self.fixed or self.exchange.decoder:  # else the key function decodes every value
+            self.values.check(records, selected)
         hashes = self._fixed_hashes(records, selected, self.fixed) if self.fixed else None
         if hashes is None:
             key_of = self._key_of = self._key_of or self.exchange.key_function(printable=False)
@@ -192,7 +340,7 @@ class KeyGroups:
                 try:
                     return key_of(records.element(i), offsets[i])[0]
                 except RecordDecodeError as exc:  # the first record that does not fit its type, by position
-                    raise RecordDecodeError(f"stream element {i} (from byte {records.starts[i]} of the channel): {exc}") from None
+                    raise _element_error(records.starts, i, str(exc)) from None
 
             hashes = np.fromiter(
                 (key_hash(i) for i in np.flatnonzero(selected).tolist()),

@@ -14,6 +14,13 @@ This module computes where records go; reading and writing the files is the call
 (ckpt_tool.engine.tasks). Copies of one record that Flink replicated to several old subtasks
 (they share the upstream channel) are found among the channels of one upstream subtask and kept
 once, at the lowest old subtask.
+
+Flink's keyBy never sends a record to a subtask outside its key group: replicas (a naive rescale, a
+checkpoint during recovery) sit there with a copy at another subtask, and channel state moved to the
+wrong subtask holds runs of another subtask's records. Where more than a quarter of an upstream
+subtask's records sit outside their holder's key groups without a copy, and their owners change from
+one record to the next more than a quarter of the time, the schema's key (or type) is not the job's
+and routing by it would put records where Flink cannot process them: that is refused.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ from typing import Optional
 
 import numpy as np
 
+from ckpt_tool.errors import CkptError
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups
 from ckpt_tool.records.keys import operator_index_for_key_group
 from ckpt_tool.records.scan import suspect_digests, suspect_key_groups
-from ckpt_tool.records.schema import Exchange
+from ckpt_tool.records.schema import Exchange, SchemaError
 
 
 @dataclass
@@ -51,12 +59,21 @@ class RouteCounters:
 
 
 def route_upstream(
-    channels: list[tuple[int, ChannelRecords]], spec: RouteSpec, keys: Optional[KeyGroups], counters: RouteCounters
+    channels: list[tuple[int, ChannelRecords]],
+    spec: RouteSpec,
+    keys: Optional[KeyGroups],
+    counters: RouteCounters,
+    upstream: int = 0,
+    old_parallelism: int = 1,
 ) -> Iterator[tuple[int, bytes, int]]:
     """(new downstream subtask, its records framed, how many) for the old channels
-    (old downstream subtask, records) of one upstream subtask."""
-    groups = [keys.of(records, records.is_record) if keys else None for _, records in channels]
-    dropped = _replica_copies(channels, groups, counters) if keys else [None] * len(channels)
+    (old downstream subtask, records) of upstream subtask ``upstream``; ``old_parallelism`` is the
+    old downstream parallelism (which says the key groups each old subtask held)."""
+    groups = [_key_groups(keys, records, upstream, downstream) for downstream, records in channels]
+    dropped = [None] * len(channels)
+    if keys:
+        copies, dropped = _replica_copies(channels, groups, counters)
+        _refuse_misplaced(channels, groups, copies, spec, upstream, old_parallelism)
     for (downstream, records), key_groups, drop in zip(channels, groups, dropped):
         is_record = records.is_record
         counters.records_in += int(is_record.sum())
@@ -79,24 +96,54 @@ def route_upstream(
             yield target, records.framed(chosen), int(chosen.sum())
 
 
-def _replica_copies(channels, groups, counters: RouteCounters) -> list:
-    """Per channel, a mask of the record copies to drop: where one record is held by several old
-    downstream subtasks (in key groups that several of them hold), all but the lowest's."""
+def _key_groups(keys: Optional[KeyGroups], records: ChannelRecords, upstream: int, downstream: int) -> Optional[np.ndarray]:
+    if keys is None:
+        return None
+    try:
+        return keys.of(records, records.is_record)
+    except CkptError as exc:
+        raise type(exc)(f"channel {upstream} -> {downstream}: {exc}") from None
+
+
+def _replica_copies(channels, groups, counters: RouteCounters) -> tuple[list, list]:
+    """Per channel, masks of the records held by several old downstream subtasks (in key groups
+    that several of them hold), and of the copies to drop: all but the lowest subtask's."""
     held = [(None, downstream, np.flatnonzero(np.bincount(g))) for (downstream, _), g in zip(channels, groups)]
     suspects = suspect_key_groups(held).get(None)  # one upstream channel: no key needed
     if not suspects:
-        return [None] * len(channels)
+        return [None] * len(channels), [None] * len(channels)
     candidates = [suspect_digests(records, g, suspects) for (_, records), g in zip(channels, groups)]
     digests: dict[bytes, set[int]] = {}
     for (downstream, _), found in zip(channels, candidates):
         for _, digest in found:
             digests.setdefault(digest, set()).add(downstream)
     counters.replicas_found += sum(len(s) - 1 for s in digests.values())
-    drops = []
+    copies, drops = [], []
     for (downstream, records), found in zip(channels, candidates):
-        drop = np.zeros(len(records.tags), dtype=bool)
+        copy, drop = np.zeros(len(records.tags), dtype=bool), np.zeros(len(records.tags), dtype=bool)
         for index, digest in found:
+            copy[index] = len(digests[digest]) > 1
             drop[index] = min(digests[digest]) != downstream
         counters.replicas_removed += int(drop.sum())
+        copies.append(copy)
         drops.append(drop)
-    return drops
+    return copies, drops
+
+
+def _refuse_misplaced(channels, groups, copies, spec: RouteSpec, upstream: int, old_parallelism: int) -> None:
+    """Refuse a schema by which records sit outside their holder's key groups record by record."""
+    records = stray = switches = 0
+    for (downstream, channel), key_groups, copy in zip(channels, groups, copies):
+        owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, key_groups.astype(np.int64))
+        if copy is not None:
+            owners = owners[~copy[channel.is_record]]
+        records += len(key_groups)
+        stray += int((owners != downstream).sum())
+        switches += int((owners[1:] != owners[:-1]).sum())
+    if 4 * stray > records and 4 * switches > records:
+        raise SchemaError(
+            f"by the schema's key {list(spec.exchange.key)} of {spec.exchange.record_type or 'its decoder'}, "
+            f"{stray} of the {records} records from upstream subtask {upstream} sit outside the key groups of the "
+            "subtask holding them, with no copy elsewhere and owners changing from one record to the next, "
+            "which neither Flink nor a naive rescale nor a moved channel leaves: the key or the record type is not the job's"
+        )

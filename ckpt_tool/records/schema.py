@@ -25,6 +25,7 @@ input of every vertex: the producing vertex's tail operator, the gate and the pa
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import tomllib
@@ -35,14 +36,46 @@ from typing import Any, Optional
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
+from ckpt_tool.input_files import NON_NEGATIVE, STRING, Expected, InputFileError, checked, checked_key
 from ckpt_tool.records.keys import binary_row_hash, java_hash, unhashable_key_part
 from ckpt_tool.records.types import DataType, parse_type, to_json
 
 PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "SHUFFLE", "GLOBAL", "BROADCAST", "CUSTOM")
 
 
-class SchemaError(CkptError):
+class SchemaError(InputFileError):
     """A schema or plan file that does not fit the checkpoint."""
+
+
+def _key_field(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (type(value) is int and value >= 0)
+
+
+def _plugin_reference(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    module, colon, function = value.partition(":")
+    return bool(colon) and function.isidentifier() and all(part.isidentifier() for part in module.split("."))
+
+
+# What each key of an [[exchange]] entry must be.
+ENTRY_KEYS = {
+    "name": STRING,
+    "upstream": STRING,
+    "downstream": STRING,
+    "gate": NON_NEGATIVE,
+    "partition": NON_NEGATIVE,
+    "partitioner": STRING,
+    "type": STRING,
+    "key": Expected(
+        'a field name or position, or a list of them (e.g. ["f0"], [0, "name"])',
+        lambda value: _key_field(value) or (isinstance(value, list) and all(map(_key_field, value))),
+    ),
+    "avro_schema": STRING,
+    "decoder": Expected('a "module:function" string', _plugin_reference),
+}
+EXCHANGES = Expected("an array of tables, [[exchange]]", lambda value: isinstance(value, list))
+TABLE = Expected("a table", lambda value: isinstance(value, dict))
 
 
 @dataclass
@@ -82,8 +115,10 @@ def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
     module_name, _, function_name = reference.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise SchemaError(f"cannot load decoder {reference!r}: {exc}") from exc
+    except Exception as exc:  # whatever the plug-in's module raises on import
+        raise SchemaError(f"cannot load decoder {reference!r}: {type(exc).__name__}: {exc}") from exc
+    if not callable(function):
+        raise SchemaError(f"cannot load decoder {reference!r}: {function_name} is not a function")
 
     def extract(raw: bytes, offset: int) -> tuple[int, Any]:
         result = function(bytes(raw[offset:]))
@@ -156,49 +191,76 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         raise SchemaError(f"cannot read schema {path}: {exc}") from exc
-    exchanges = []
-    for index, entry in enumerate(document.get("exchange", [])):
+    try:
+        _refuse_unknown(document, {"exchange": EXCHANGES}, "top-level key")
+        entries = checked_key(document, "exchange", EXCHANGES, SchemaError, [])
+    except SchemaError as exc:
+        raise SchemaError(f"schema {path}: {exc}") from None
+    exchanges: list[Exchange] = []
+    first: dict[tuple[str, int], int] = {}  # the entry describing each exchange (downstream, gate)
+    for index, entry in enumerate(entries):
         where = f"schema {path}, exchange {index + 1}"
-        if "downstream" not in entry:
-            raise SchemaError(f"{where}: 'downstream' is required")
-        partitioner = str(entry["partitioner"]).upper() if "partitioner" in entry else None
-        if partitioner is not None and partitioner not in PARTITIONERS:
-            raise SchemaError(f"{where}: unknown partitioner {partitioner!r}")
-        record_type = entry.get("type")
-        avro_schema = None
-        if record_type == "avro":
-            if "avro_schema" not in entry:
-                raise SchemaError(f'{where}: type "avro" needs avro_schema = "<file>.avsc"')
-            from ckpt_tool.records.avro import load_avro_schema
-
-            avro_schema = load_avro_schema(os.path.join(os.path.dirname(os.path.abspath(path)), str(entry["avro_schema"])))
-        elif record_type:
-            parse_type(record_type)  # fail early on a bad expression
-        key = entry.get("key", [])
-        if entry.get("decoder"):
-            _plugin(str(entry["decoder"]))  # fail early on a plug-in that cannot be loaded
-        exchanges.append(
-            Exchange(
-                upstream_id=_resolve(metadata, entry["upstream"], "upstream") if "upstream" in entry else None,
-                downstream_id=_resolve(metadata, entry["downstream"], "downstream"),
-                gate=int(entry.get("gate", 0)),
-                partition=int(entry.get("partition", 0)),
-                partition_stated="partition" in entry,
-                partitioner=partitioner,
-                record_type=record_type,
-                key=tuple(key if isinstance(key, list) else [key]),
-                decoder=entry.get("decoder"),
-                avro_schema=avro_schema,
-            )
-        )
-        if record_type and exchanges[-1].key and not exchanges[-1].decoder:
-            try:
-                exchanges[-1].key_function()  # fail early on a key that cannot be computed
-            except CkptError as exc:
-                raise SchemaError(f"{where}: {exc}") from None
+        try:
+            exchange = _exchange(checked(entry, TABLE, SchemaError, "an exchange"), path, metadata)
+        except CkptError as exc:
+            raise SchemaError(f"{where}: {exc}") from None
+        earlier = first.setdefault((exchange.downstream_id, exchange.gate), index)
+        if earlier != index:
+            raise SchemaError(f"{where}: the same exchange (downstream and gate) as exchange {earlier + 1}")
+        exchanges.append(exchange)
     return exchanges
+
+
+def _refuse_unknown(table: dict, allowed: dict[str, Expected], what: str) -> None:
+    for name in table:
+        if name not in allowed:
+            near = difflib.get_close_matches(name, allowed, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise SchemaError(f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed)}")
+
+
+def _exchange(entry: dict, path: str, metadata: CheckpointMetadata) -> Exchange:
+    """One [[exchange]] entry, every key and value checked."""
+    _refuse_unknown(entry, ENTRY_KEYS, "key")
+    for name, value in entry.items():
+        checked(value, ENTRY_KEYS[name], SchemaError, name)
+    downstream = checked_key(entry, "downstream", STRING, SchemaError)
+    partitioner = entry["partitioner"].upper() if "partitioner" in entry else None
+    if partitioner is not None and partitioner not in PARTITIONERS:
+        raise SchemaError(f"unknown partitioner {partitioner!r}; known: {', '.join(PARTITIONERS)}")
+    record_type, key_fields, decoder = entry.get("type"), entry.get("key", []), entry.get("decoder")
+    key = tuple(key_fields if isinstance(key_fields, list) else [key_fields])
+    if key and not record_type:
+        raise SchemaError('key needs the record type (type = "...") to find its fields')
+    if key and decoder:
+        raise SchemaError("key and decoder exclude each other: the decoder computes the key")
+    if "avro_schema" in entry and record_type != "avro":
+        raise SchemaError('avro_schema is for records of type = "avro"')
+    avro_schema = None
+    if record_type == "avro":
+        if "avro_schema" not in entry:
+            raise SchemaError('type "avro" needs avro_schema = "<file>.avsc"')
+        from ckpt_tool.records.avro import load_avro_schema
+
+        avro_schema = load_avro_schema(os.path.join(os.path.dirname(os.path.abspath(path)), entry["avro_schema"]))
+    elif record_type is not None:
+        parse_type(record_type)  # fail early on a bad expression
+    exchange = Exchange(
+        upstream_id=_resolve(metadata, entry["upstream"], "upstream") if "upstream" in entry else None,
+        downstream_id=_resolve(metadata, downstream, "downstream"),
+        gate=entry.get("gate", 0),
+        partition=entry.get("partition", 0),
+        partition_stated="partition" in entry,
+        partitioner=partitioner,
+        record_type=record_type,
+        key=key,
+        decoder=decoder,
+        avro_schema=avro_schema,
+    )
+    exchange.key_function()  # fail early on a key or a plug-in that cannot be used
+    return exchange
 
 
 def plan_exchanges(plan: JobPlan) -> list[Exchange]:

@@ -23,11 +23,12 @@ from typing import Any, Optional
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
 from ckpt_tool.flink.operator_id import operator_id_of_uid
+from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key, shown
 from ckpt_tool.records.flink_types import flink_type_json
 from ckpt_tool.records.types import parse_type
 
 
-class SqlPlanError(CkptError):
+class SqlPlanError(InputFileError):
     """A compiled plan that cannot be read or does not fit the checkpoint."""
 
 
@@ -42,6 +43,7 @@ TRANSFORMATIONS = (
     "upsert-materialize", "timestamp-inserter", "sink", "values", "python-calc",
 )  # fmt: skip
 DISTRIBUTIONS = {"HASH": "HASH", "SINGLETON": "GLOBAL", "BROADCAST": "BROADCAST"}
+FLINK_TYPE = Expected("a Flink type (a string or its JSON form)", lambda value: isinstance(value, (str, dict)))
 
 
 @dataclass
@@ -62,9 +64,13 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
     try:
         with open(path) as f:
             document = json.load(f)
-        nodes = {int(n["id"]): n for n in document["nodes"]}
-        edges = [(int(e["source"]), int(e["target"])) for e in document["edges"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        checked(document, OBJECT, SqlPlanError, "the document")
+        nodes = {_node_id(node, "id", f"nodes[{i}]"): node for i, node in enumerate(_objects(document, "nodes"))}
+        edges = [
+            (_node_id(edge, "source", f"edges[{i}]"), _node_id(edge, "target", f"edges[{i}]"))
+            for i, edge in enumerate(_objects(document, "edges"))
+        ]
+    except (OSError, ValueError, RecursionError, SqlPlanError) as exc:
         raise SqlPlanError(f"cannot read compiled plan {path}: {exc} (expected the JSON of COMPILE PLAN)") from exc
     exchanges = []
     for node_id, node in nodes.items():
@@ -76,27 +82,47 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
             raise SqlPlanError(
                 f"compiled plan {path}: exchange node {node_id} has {len(sources)} inputs and {len(targets)} outputs"
             )
-        row_type = flink_type_json(node["outputType"])
-        columns = parse_type(row_type)
-        distribution = (node.get("inputProperties") or [{}])[0].get("requiredDistribution", {})
-        kind = str(distribution.get("type", "UNKNOWN")).upper()
-        keys = [int(k) for k in distribution.get("keys", [])] if kind == "HASH" else []
-        names = columns.field_names
+        try:
+            row_type, partitioner, key = _exchange_node(node)
+        except CkptError as exc:
+            raise SqlPlanError(f"compiled plan {path}, exchange node {node_id}: {exc}") from None
+        description = str(node.get("description", ""))
         for target in targets:
             gate = [s for s, t in edges if t == target].index(node_id)
-            exchanges.append(
-                SqlExchange(
-                    node_id,
-                    sources[0],
-                    target,
-                    gate,
-                    row_type,
-                    DISTRIBUTIONS.get(kind),
-                    tuple(names[k] if names else k for k in keys),
-                    str(node.get("description", "")),
-                )
-            )
+            exchanges.append(SqlExchange(node_id, sources[0], target, gate, row_type, partitioner, key, description))
     return exchanges
+
+
+def _objects(document: dict, key: str) -> list[dict]:
+    """``document[key]``, a list of objects."""
+    items = checked_key(document, key, LIST, SqlPlanError)
+    for index, item in enumerate(items):
+        checked(item, OBJECT, SqlPlanError, f"{key}[{index}]")
+    return items
+
+
+def _node_id(item: dict, key: str, where: str) -> int:
+    return checked_key(item, key, NON_NEGATIVE, SqlPlanError, within=where)
+
+
+def _exchange_node(node: dict) -> tuple[str, Optional[str], tuple[Any, ...]]:
+    """An exchange node's row type (ckpt's), partitioner and key columns."""
+    try:
+        row_type = flink_type_json(checked_key(node, "outputType", FLINK_TYPE, SqlPlanError))
+    except (KeyError, TypeError, ValueError) as exc:  # a malformed JSON type (flink_types reads it unchecked)
+        raise SqlPlanError(f"cannot read outputType: {type(exc).__name__}: {exc}") from None
+    columns = parse_type(row_type)
+    properties = checked_key(node, "inputProperties", LIST, SqlPlanError, [])
+    first = checked(properties[0], OBJECT, SqlPlanError, "inputProperties[0]") if properties else {}
+    where = "inputProperties[0].requiredDistribution"
+    distribution = checked_key(first, "requiredDistribution", OBJECT, SqlPlanError, {}, "inputProperties[0]")
+    kind = checked_key(distribution, "type", STRING, SqlPlanError, "UNKNOWN", where).upper()
+    keys = checked_key(distribution, "keys", LIST, SqlPlanError, [], where) if kind == "HASH" else []
+    for k in keys:
+        if not NON_NEGATIVE.test(k) or k >= len(columns.fields):
+            raise SqlPlanError(f"key {shown(k)} is not a column of {row_type}")
+    names = columns.field_names
+    return row_type, DISTRIBUTIONS.get(kind), tuple(names[k] if names else k for k in keys)
 
 
 def _by_node_id(metadata: CheckpointMetadata) -> dict[int, list[OperatorState]]:

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from ckpt_tool.records.types.binary import BinaryRow, RecordDecodeError, sql_to_json
+from ckpt_tool.records.types.binary import BinaryRow, RecordDecodeError, null_bits_size, sql_to_json
 from ckpt_tool.records.types.syntax import ROW_KINDS, DataType
 
 
@@ -171,9 +171,7 @@ class ValueReader:
         if name == "boolean":
             return self.u8() != 0
         if name == "bytes":
-            length = self.fixed("int")
-            self._need(length)
-            self.pos += length
+            length = self.size(0)
             return self.data[self.pos - length : self.pos]
         if name == "tuple":
             return tuple(self.read(f) for f in t.fields)
@@ -195,11 +193,18 @@ class ValueReader:
         if name == "pojo":
             return self.pojo(t)
         if name == "binary_row":
-            length = self.fixed("int")
-            self._need(length)
-            self.pos += length
+            length = self.size(null_bits_size(len(t.fields)) + 8 * len(t.fields))
             return BinaryRow(bytes(self.data[self.pos - length : self.pos]), t.fields, t.field_names)
         raise RecordDecodeError(f"cannot decode {t}")
+
+    def size(self, minimum: int) -> int:
+        """An int length of at least ``minimum`` and the bytes it covers, skipped."""
+        length = self.fixed("int")
+        if length < minimum:
+            raise RecordDecodeError(f"a length of {length} where at least {minimum} is needed")
+        self._need(length)
+        self.pos += length
+        return length
 
     def count(self) -> int:
         """A collection's size, checked against the bytes left (each element takes a byte at least)."""
@@ -258,9 +263,12 @@ _JAVA_TIME = {
 
 
 def decode_value(t: DataType, data: bytes, pos: int = 0) -> tuple[Any, int]:
-    """Decode one value starting at ``pos``; returns the value and the position after it."""
+    """Decode the one value that fills ``data[pos:]``, exactly (a value that ends sooner is not
+    one of this type); returns the value and the position after it."""
     reader = ValueReader(data, pos)
     value = reader.read(t)
+    if reader.pos != len(data):
+        raise RecordDecodeError(f"{t} reads {reader.pos - pos} of the value's {len(data) - pos} bytes")
     return value, reader.pos
 
 

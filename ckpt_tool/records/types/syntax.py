@@ -88,7 +88,7 @@ class DataType:
 
     def field_index(self, ref: str | int) -> int:
         """A field by position (``0``, ``"f0"``) or, for POJOs and named rows, by name."""
-        if isinstance(ref, int) or str(ref).isdigit():
+        if isinstance(ref, int) or re.fullmatch(r"[0-9]+", str(ref)):
             index = int(ref)
         elif ref in self.field_names:
             index = self.field_names.index(ref)
@@ -191,7 +191,10 @@ def parse_type(text: str) -> DataType:
             return DataType(SQL_SCALARS[name], sql=True)
         raise unknown(name)
 
-    result = parse(False)
+    try:
+        result = parse(False)
+    except RecursionError:
+        raise TypeSyntaxError(f"record type {text[:60]!r}...: nested too deeply") from None
     if position != len(tokens):
         raise TypeSyntaxError(f"record type {text!r}: unexpected {tokens[position]!r}")
     return result
