@@ -10,9 +10,10 @@ import pytest
 import flink_env
 from catalog import tree_digest
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import iter_stream_handles
+from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata
 from ckpt_tool.flink.model import FileHandle
 from ckpt_tool.writer import write_checkpoint
+from ckpt_tool.writer.claim import claimed
 
 pytestmark = pytest.mark.flink
 
@@ -27,9 +28,9 @@ def test_relocated_checkpoint_restores_with_exact_count(restorable, tmp_path):
     write_checkpoint(source, copy.deepcopy(source.metadata), str(destination), {})
 
     assert tree_digest(fixture.directory) == before, "the input checkpoint was modified"
-    if not any(isinstance(h, FileHandle) for h in iter_stream_handles(source.metadata)):
-        # nothing but relative and inline handles: the metadata is carried over unchanged
-        assert (destination / "_metadata").read_bytes() == fixture.metadata_file.read_bytes()
+    # every file the output references is a copy inside it, referenced relative to it
+    written = read_metadata((destination / "_metadata").read_bytes())
+    assert not any(isinstance(h, FileHandle) for h in iter_stream_handles(written))
     count = flink_env.restore_count(info["flink_version"], destination, info["parallelism"], backend=info["backend"])
     assert count == info["source_records"]
 
@@ -89,8 +90,9 @@ def test_channel_state_written_by_ckpt_restores_with_exact_count(restorable, tmp
     info = fixture.info
     source = Checkpoint.open(str(fixture.checkpoint))
     destination = tmp_path / "rewritten-job" / fixture.checkpoint.name
-    metadata, written = rewrite_channel_state(source, destination)
-    write_checkpoint(source, metadata, str(destination), {}, already_written=written)
+    with claimed(str(destination)) as claim:  # the run that writes the channel-state files holds the destination
+        metadata, written = rewrite_channel_state(source, destination)
+        write_checkpoint(source, metadata, str(destination), {}, already_written=written, claim=claim)
 
     def records(uri):
         return record_multiset(Session.open(str(uri), fixture.schema, fixture.plan))
