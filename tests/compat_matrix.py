@@ -36,6 +36,8 @@ def version_fixtures(prefixes: list[str]) -> list:
         info = fixture.info
         if info.get("job_kind", "tuple") != "tuple" or info["backend"] != "hashmap" or info.get("restored_from"):
             continue
+        if info.get("snapshot"):  # savepoints and aligned checkpoints: no in-flight data
+            continue
         if prefixes and not any(info["flink_version"].startswith(p) for p in prefixes):
             continue
         chosen.setdefault(info["flink_version"], fixture)
