@@ -124,6 +124,8 @@ def _check_matches(path: str, vertices: dict[str, PlanVertex], metadata: Checkpo
 
 
 def _chain_names(description: str) -> list[str]:
+    if "<br/>" not in description:  # Flink 1.14 and older: "head -&gt; next -&gt; tail"
+        return [part.strip() for part in re.split(r" -(?:&gt;|>) ", description) if part.strip()]
     return [re.sub(r"^[\s+\-]*", "", part).strip() for part in description.split("<br/>") if part.strip()]
 
 
