@@ -46,7 +46,9 @@ def test_inspect_accepts_the_metadata_file_and_file_uri(ckpt):
 @pytest.fixture
 def broken(tmp_path):
     """A writable copy of a fixture's job directory, and its checkpoint directory."""
-    fixture = ALL_FIXTURES[0]
+    from catalog import fixture_named
+
+    fixture = fixture_named("flink115-hashmap-p2")  # the CountJob schema fits it (both sources)
     job_dir = fixture.checkpoint.parent
     shutil.copytree(job_dir, tmp_path / job_dir.name)
     return tmp_path / job_dir.name / fixture.checkpoint.name

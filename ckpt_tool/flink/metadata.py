@@ -1,4 +1,4 @@
-"""Read and write Flink's ``_metadata`` file, versions 3 to 6 (Flink 1.14 to 2.3).
+"""Read and write Flink's ``_metadata`` file, versions 3 to 6 (Flink 1.13 to 2.3).
 
 The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``MetadataV3Serializer``
 ... ``MetadataV6Serializer`` and ``ChannelStateHandleSerializerV1/V2``:
@@ -90,7 +90,7 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
         newer = " (newer than this ckpt knows: written by a Flink release after 2.3?)" if version > SUPPORTED_VERSIONS[-1] else ""
         raise CheckpointFormatError(
             f"{source} has metadata version {version}{newer}; supported versions are "
-            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.14 to 2.3)"
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.13 to 2.3)"
         )
     try:
         return _MetadataReader(reader, version).read()
