@@ -42,7 +42,8 @@ def test_backend_handles_and_finished_markers(captured):
     md = Checkpoint.open(str(fixture.checkpoint)).metadata
     keyed = [s.managed_keyed for op in md.operators for s in op.subtasks if s.managed_keyed]
     canonical = fixture.info.get("snapshot") == "savepoint-canonical"  # one keyed format for every backend
-    kind = IncrementalKeyedHandle if fixture.info["backend"] == "rocksdb" and not canonical else KeyGroupsHandle
+    incremental = fixture.info["backend"] in ("rocksdb", "forst")  # ForSt writes RocksDB's handles
+    kind = IncrementalKeyedHandle if incremental and not canonical else KeyGroupsHandle
     assert keyed and all(isinstance(h, kind) for h in keyed)
     if fixture.info.get("k"):  # the jobs with a small second source, which finishes at once
         assert any(op.finished == "all" for op in md.operators)
