@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 
-from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, RESTORABLE
+from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, IN_FLIGHT, RESTORABLE, SNAPSHOTS
 
 
 def pytest_generate_tests(metafunc):
@@ -20,6 +20,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("ci_fixture", chosen, ids=[f.name for f in chosen])
     if "fixture" in metafunc.fixturenames:
         metafunc.parametrize("fixture", ALL_FIXTURES, ids=[f.name for f in ALL_FIXTURES])
+    if "inflight" in metafunc.fixturenames:
+        metafunc.parametrize("inflight", IN_FLIGHT, ids=[f.name for f in IN_FLIGHT])
+    if "snapshot" in metafunc.fixturenames:
+        metafunc.parametrize("snapshot", SNAPSHOTS, ids=[f.name for f in SNAPSHOTS])
     if "captured" in metafunc.fixturenames:
         metafunc.parametrize("captured", CAPTURED, ids=[f.name for f in CAPTURED])
     if "restorable" in metafunc.fixturenames:

@@ -14,7 +14,8 @@ def exchanges(fixture):
     return sorted({(c["upstream"], c["downstream"], c.get("gate", 0), c.get("partition", 0)) for c in channels})
 
 
-def test_fixture_has_input_and_output_channel_state(fixture):
+def test_fixture_has_input_and_output_channel_state(inflight):
+    fixture = inflight
     channels = fixture.expected["logical_channels"]
     assert any(c["input_buffers"] for c in channels) and any(c["output_buffers"] for c in channels)
 

@@ -46,7 +46,9 @@ def test_inspect_accepts_the_metadata_file_and_file_uri(ckpt):
 @pytest.fixture
 def broken(tmp_path):
     """A writable copy of a fixture's job directory, and its checkpoint directory."""
-    fixture = ALL_FIXTURES[0]
+    from catalog import fixture_named
+
+    fixture = fixture_named("flink115-hashmap-p2")  # the CountJob schema fits it (both sources)
     job_dir = fixture.checkpoint.parent
     shutil.copytree(job_dir, tmp_path / job_dir.name)
     return tmp_path / job_dir.name / fixture.checkpoint.name
@@ -74,9 +76,9 @@ def test_wrong_magic(ckpt, broken):
 
 def test_unsupported_version(ckpt, broken):
     data = bytearray((broken / "_metadata").read_bytes())
-    data[4:8] = (9).to_bytes(4, "big")
+    data[4:8] = (2).to_bytes(4, "big")  # MetadataV2Serializer (Flink 1.9, 1.10)
     (broken / "_metadata").write_bytes(bytes(data))
-    assert_clean_error(*ckpt("inspect", str(broken)), "version 9; supported versions are 3, 4, 5, 6")
+    assert_clean_error(*ckpt("inspect", str(broken)), "version 2; supported versions are 3, 4, 5, 6")
 
 
 @pytest.mark.parametrize("keep", [0, 3, 7, 20, 61, 200, 0.5, 0.9])
@@ -108,3 +110,35 @@ def test_missing_channel_state_file(ckpt, broken):
 def test_verbose_shows_traceback(ckpt, tmp_path):
     code, _, err = ckpt("--verbose", "inspect", str(tmp_path))
     assert code == 2 and "Traceback" in err
+
+
+def test_unknown_handle_type_names_tag_operator_and_subtask(ckpt, tmp_path):
+    """A handle type ckpt does not know exits 2, naming its tag and the operator and subtask
+    holding it (here: the keyed state of slow-count's subtask 1 in Flink 2.3's checkpoint)."""
+    from catalog import fixture_named
+    from ckpt_tool.flink.metadata import read_metadata, write_metadata
+
+    fixture = fixture_named("flink23-hashmap-p2")
+    job_dir = fixture.checkpoint.parent
+    shutil.copytree(job_dir, tmp_path / job_dir.name)
+    target = tmp_path / job_dir.name / fixture.checkpoint.name
+    metadata = read_metadata(fixture.metadata_file.read_bytes())
+    operator = next(op for op in metadata.operators if op.uid == "slow-count")
+    keyed = next(s for s in operator.subtasks if s.index == 1).managed_keyed
+    assert keyed is not None
+    keyed.tag = 99  # written as the handle's type byte, followed by its unchanged body
+    (target / "_metadata").write_bytes(write_metadata(metadata))
+    assert_clean_error(
+        *ckpt("inspect", str(target)),
+        f"unknown keyed state handle type tag 99 in operator {operator.id_hex} "
+        f'(uid "slow-count", name "{operator.name}") subtask 1',
+    )
+
+
+def test_newer_metadata_version_is_refused_naming_it(ckpt, broken):
+    data = bytearray((broken / "_metadata").read_bytes())
+    data[4:8] = (7).to_bytes(4, "big")  # the next version a newer Flink would write
+    (broken / "_metadata").write_bytes(bytes(data))
+    code, out, err = ckpt("verify", str(broken))
+    assert_clean_error(code, out, err, "metadata version 7 (newer than this ckpt knows")
+    assert "supported versions are 3, 4, 5, 6" in err

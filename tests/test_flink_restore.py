@@ -13,6 +13,7 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import iter_stream_handles
 from ckpt_tool.flink.model import FileHandle, RelativeFileHandle
 from ckpt_tool.writer import write_checkpoint
+from ckpt_tool.writer.claim import claimed
 
 pytestmark = pytest.mark.flink
 
@@ -94,8 +95,9 @@ def test_channel_state_written_by_ckpt_restores_with_exact_count(restorable, tmp
     info = fixture.info
     source = Checkpoint.open(str(fixture.checkpoint))
     destination = tmp_path / "rewritten-job" / fixture.checkpoint.name
-    metadata, written = rewrite_channel_state(source, destination)
-    write_checkpoint(source, metadata, str(destination), {}, already_written=written)
+    with claimed(str(destination)) as claim:  # the run that writes the channel-state files holds the destination
+        metadata, written = rewrite_channel_state(source, destination)
+        write_checkpoint(source, metadata, str(destination), {}, already_written=written, claim=claim)
 
     def records(uri):
         return record_multiset(Session.open(str(uri), fixture.schema, fixture.plan))

@@ -44,7 +44,10 @@ def test_unknown_keyed_tag_names_tag_and_position(version):
     position = keyed_tag_position(version)
     assert data[position] == 12
     data[position] = 42
-    with pytest.raises(CheckpointFormatError, match=rf"unknown keyed state handle type tag 42 at byte {position}$"):
+    holder = "operator 000102030405060708090a0b0c0d0e0f" + (' \\(uid "uid", name "op"\\)' if version >= 5 else "")
+    with pytest.raises(
+        CheckpointFormatError, match=rf"unknown keyed state handle type tag 42 in {holder} subtask 0 at byte {position}$"
+    ):
         read_metadata(bytes(data))
 
 
@@ -53,7 +56,9 @@ def test_unknown_channel_tag_v6():
     position = keyed_tag_position(6) + 1 + 4 + 4 + 3 * 8 + 1 + 2 + 2 + 4 + 3 + 1 + 2 + 4 + 4  # after keyed + raw null
     assert data[position] == 1
     data[position] = 9
-    with pytest.raises(CheckpointFormatError, match=rf"unknown input channel state handle type tag 9 at byte {position}$"):
+    holder = 'operator 000102030405060708090a0b0c0d0e0f \\(uid "uid", name "op"\\) subtask 0'
+    message = rf"unknown input channel state handle type tag 9 in {holder} at byte {position}$"
+    with pytest.raises(CheckpointFormatError, match=message):
         read_metadata(bytes(data))
 
 

@@ -15,7 +15,8 @@ from ckpt_tool.records.export import ExportError, export_records
 from ckpt_tool.session import Session
 
 
-def test_rows_equal_flinks_records(fixture, tmp_path):
+def test_rows_equal_flinks_records(inflight, tmp_path):
+    fixture = inflight
     session = Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan)
     out = tmp_path / "records.parquet"
     report = export_records(session.checkpoint, session.described_exchanges, LocalEngine(), str(out))

@@ -129,7 +129,8 @@ class RichOutput(Output):
         props = report.properties
         if props:
             retained = "retained" if not props.get("discard_cancelled") else "discarded"
-            rows.append(["type", f"{props['checkpoint_type']} ({props['sharing_files_strategy']}, {retained} on cancel)"])
+            detail = props.get("savepoint_format") or props["sharing_files_strategy"]
+            rows.append(["type", f"{props['checkpoint_type']} ({detail}, {retained} on cancel)"])
         rows.append(["operators", f"{len(ops)} ({sum(o.finished == 'all' for o in ops)} finished)"])
         for direction in ("input", "output"):
             buffers = sum(o.channel_state[direction].buffers for o in ops)

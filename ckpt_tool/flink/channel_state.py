@@ -94,8 +94,15 @@ class ChannelStateReader:
     def __enter__(self) -> ChannelStateReader:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        try:
+            self.close()
+        except BufferError:
+            if kind is None:
+                raise
+            # the failure's traceback still holds views of a mapping: keep the failure as the error,
+            # and let the mappings go with those views
+            self._mapped.clear()
 
     def close(self) -> None:
         for data in self._mapped.values():

@@ -1,4 +1,4 @@
-"""Read and write Flink's ``_metadata`` file, versions 3 to 6 (Flink 1.15 to 2.3).
+"""Read and write Flink's ``_metadata`` file, versions 3 to 6 (Flink 1.13 to 2.3).
 
 The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``MetadataV3Serializer``
 ... ``MetadataV6Serializer`` and ``ChannelStateHandleSerializerV1/V2``:
@@ -11,7 +11,7 @@ The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``Me
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NoReturn, Optional
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.javaio import JavaReader, JavaWriter
@@ -87,9 +87,10 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
         )
     version = reader.i32("metadata version")
     if version not in SUPPORTED_VERSIONS:
+        newer = " (newer than this ckpt knows: written by a Flink release after 2.3?)" if version > SUPPORTED_VERSIONS[-1] else ""
         raise CheckpointFormatError(
-            f"{source} has metadata version {version}; supported versions are "
-            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.15 to 2.3)"
+            f"{source} has metadata version {version}{newer}; supported versions are "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.13 to 2.3)"
         )
     try:
         return _MetadataReader(reader, version).read()
@@ -101,6 +102,11 @@ class _MetadataReader:
     def __init__(self, reader: JavaReader, version: int):
         self.r = reader
         self.version = version
+        self.holder = ""  # the operator (and subtask) whose handles are being read, for errors
+
+    def unknown(self, what: str, tag: int, at: int) -> NoReturn:
+        """Fail on a handle type ckpt does not know, naming its tag and who holds it."""
+        self.r.fail(f"unknown {what} type tag {tag} in {self.holder}", at=at)
 
     def read(self) -> CheckpointMetadata:
         r = self.r
@@ -143,6 +149,9 @@ class _MetadataReader:
             name = r.utf("operator name") or None
             uid = r.utf("operator uid") or None
         operator_id = r.raw(16, "operator id")
+        names = ", ".join(f'{what} "{value}"' for what, value in (("uid", uid), ("name", name)) if value)
+        self.holder = f"operator {operator_id.hex()}" + (f" ({names})" if names else "")
+        operator = self.holder
         at = r.pos
         parallelism = r.i32("parallelism")
         max_parallelism = r.i32("max parallelism")
@@ -170,6 +179,7 @@ class _MetadataReader:
                 what = "repeats" if index in held else f"is not below the parallelism {parallelism}"
                 r.fail(f"subtask index {index} {what}", at=at)
             held.add(index)
+            self.holder = f"{operator} subtask {index}"
             if stored < 0:
                 op.subtasks.append(SubtaskState(index=-stored - 1, finished=True))
             else:
@@ -214,7 +224,7 @@ class _MetadataReader:
             return SegmentFileHandle(start, size, scope, r.utf("segment file path"), r.utf("logical file id"))
         if tag == EMPTY_SEGMENT_FILE:
             return EmptySegmentFileHandle()
-        r.fail(f"unknown stream state handle type tag {tag}", at=at)
+        self.unknown("stream state handle", tag, at)
 
     def key_range(self) -> tuple[int, int]:
         return self.r.i32("start key group"), self.r.i32("number of key groups")
@@ -285,7 +295,7 @@ class _MetadataReader:
             handle_id = r.utf("state handle id")
             storage = r.utf("storage identifier") if tag == CHANGELOG_FILE_INCREMENT_V2 else None
             return ChangelogStreamHandle(tag, start, num, parts, state_size, checkpointed_size, handle_id, storage)
-        r.fail(f"unknown keyed state handle type tag {tag}", at=at)
+        self.unknown("keyed state handle", tag, at)
 
     def handle_and_local_paths(self) -> list[HandleAndLocalPath]:
         r = self.r
@@ -302,7 +312,7 @@ class _MetadataReader:
         if tag == NULL_HANDLE:
             return None
         if tag not in (OPERATOR_STATE, SEGMENT_OPERATOR_STATE):
-            r.fail(f"unknown operator state handle type tag {tag}", at=at)
+            self.unknown("operator state handle", tag, at)
         states = []
         for _ in range(r.count("number of operator states")):
             name = r.utf("operator state name")
@@ -330,7 +340,7 @@ class _MetadataReader:
             return self.plain_channel_handle(direction)
         if tag == CHANNEL_TAGS[(direction, True)]:
             return self.merged_channel_handle(direction)
-        r.fail(f"unknown {direction} channel state handle type tag {tag}", at=at)
+        self.unknown(f"{direction} channel state handle", tag, at)
 
     def plain_channel_handle(self, direction: str) -> ChannelStateHandle:
         r = self.r

@@ -142,6 +142,8 @@ def _vertex(node: Any, where: str) -> PlanVertex:
 
 
 def _chain_names(description: str) -> list[str]:
+    if "<br/>" not in description:  # Flink 1.14 and older: "head -&gt; next -&gt; tail"
+        return [part.strip() for part in re.split(r" -(?:&gt;|>) ", description) if part.strip()]
     return [re.sub(r"^[\s+\-]*", "", part).strip() for part in description.split("<br/>") if part.strip()]
 
 

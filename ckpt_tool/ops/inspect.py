@@ -274,6 +274,7 @@ def properties_summary(raw: bytes | None) -> dict | None:
     summary: dict[str, Any] = {_snake(k): v for k, v in decoded.items() if isinstance(v, bool)}
     summary["checkpoint_type"] = snapshot_type.get("name")
     summary["sharing_files_strategy"] = snapshot_type.get("sharingFilesStrategy")
+    summary["savepoint_format"] = snapshot_type.get("formatType")  # CANONICAL or NATIVE; None for a checkpoint
     return summary
 
 

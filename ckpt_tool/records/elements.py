@@ -1,4 +1,4 @@
-"""Stream elements as ``StreamElementSerializer`` writes them (Flink 1.15 to 2.3).
+"""Stream elements as ``StreamElementSerializer`` writes them (Flink 1.13 to 2.3).
 
 Each record in a network buffer is one element: a tag byte, then the tag's payload.
 """
