@@ -35,8 +35,8 @@ from ckpt_tool.flink.channel_state import (
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
-from ckpt_tool.records import _framing
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups, frame_channel
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
 from ckpt_tool.records.scan import ChannelScan, scan_records

@@ -30,7 +30,7 @@ import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
-from ckpt_tool.records import _framing
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.storage import FileIO, io_for
 from ckpt_tool.storage.base import is_s3
 
