@@ -24,6 +24,7 @@ from ckpt_tool.engine.tasks import (
     ReadBackTask,
     RoutedFile,
     channel_tasks,
+    discard_other_attempts,
     read_back,
     route_task,
     route_tasks,
@@ -114,6 +115,7 @@ class RescaleReport:
     carried_buffers: int = 0  # in-flight data kept as it was (exchanges whose parallelism does not change)
     carried_bytes: int = 0
     files_written: int = 0
+    warnings: list[str] = field(default_factory=list)  # about where the work ran (the engine's)
 
     @property
     def estimated(self) -> bool:
@@ -149,6 +151,7 @@ class RescaleReport:
             "dropped": [asdict(d) for d in self.dropped],
             "carried": {"buffers": self.carried_buffers, "bytes": self.carried_bytes},
             "files_written": self.files_written,
+            "warnings": self.warnings,
         }
 
 
@@ -274,6 +277,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool) -> Re
     routed: list[RoutedFile] = engine.map(
         lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
     )
+    discard_other_attempts(dst, tasks, routed)  # files of failed, lost or speculative attempts on Spark
+    report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
     for written in routed:
         exchange = rescaled[written.exchange_index]
