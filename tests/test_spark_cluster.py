@@ -221,9 +221,12 @@ def test_rescale_on_the_cluster_restores_exactly(cluster, source, tmp_path):
 
 @pytest.mark.flink
 def test_a_lost_executor_mid_rescale_is_retried_and_its_files_removed(cluster, source, tmp_path):
+    """Also: executors whose compiled record-path module does not load (here: CKPT_FRAMING=python
+    makes them not try) run the pure one, and the report says so."""
     dst = tmp_path / "rescaled" / "job" / source.name
     pause = "spark.executorEnv.CKPT_TEST_PAUSE_AFTER_WRITE=6"  # each route task waits after writing its file
-    process = run_ckpt(*rescale_args(source, dst, cluster.url, pause), background=True)
+    pure = "spark.executorEnv.CKPT_FRAMING=python"
+    process = run_ckpt(*rescale_args(source, dst, cluster.url, pause, pure), background=True)
     seen: set[str] = set()
     killed = None
     try:
@@ -250,7 +253,10 @@ def test_a_lost_executor_mid_rescale_is_retried_and_its_files_removed(cluster, s
     assert killed[1] not in final, "the lost attempt's file is still there"
     tasks = {name.rsplit("-attempt-", 1)[0] for name in final}
     assert len(tasks) == len(final), f"more than one attempt's file of a task: {sorted(final)}"
-    assert json.loads(stdout)["files_written"] >= len(final)
+    report = json.loads(stdout)
+    assert report["files_written"] >= len(final) and report["records_out"] == report["records_in"] > 0
+    assert len(report["warnings"]) == 1 and "pure NumPy/Python record path" in report["warnings"][0]
+    assert "ckpt: warning: executors on" in stderr
     assert_restores_exactly(dst)
 
 

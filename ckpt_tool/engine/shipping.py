@@ -133,12 +133,25 @@ def _package_files() -> list[tuple[Path, str]]:
     ]
 
 
+# botocore's models of the AWS services that S3 access can involve (the others are most of its size)
+BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
+
+
+def _needed(entry) -> bool:
+    parts = entry.parts
+    if parts[0] == ".." or "__pycache__" in parts or str(entry).endswith(".pyc"):
+        return False  # scripts and headers outside site-packages, byte code
+    if parts[0] == "numpy" and "tests" in parts:
+        return False
+    return not (parts[:2] == ("botocore", "data") and len(parts) > 3 and parts[2] not in BOTOCORE_SERVICES)
+
+
 def _distribution_files(dist: metadata.Distribution) -> list[tuple[Path, str]]:
     files = []
     for entry in dist.files or []:
         name = str(entry)
-        if name.startswith("..") or "__pycache__" in entry.parts or name.endswith(".pyc"):
-            continue  # scripts and headers outside site-packages, byte code
+        if not _needed(entry):
+            continue
         path = Path(str(dist.locate_file(entry)))
         if path.is_file():
             files.append((path, name))
