@@ -92,11 +92,12 @@ class Cluster:
         }
 
     def spawn(self, name: str, *args: str) -> None:
-        log = open(self.root / f"{name}.log", "wb")
         command = isolated([str(self.spark_home / "bin" / "spark-class"), *args])
-        self.processes.append(
-            subprocess.Popen(command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
+        with open(self.root / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen(
+                command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes.append(process)
 
     def start(self) -> None:
         self.spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
