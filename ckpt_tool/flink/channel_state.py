@@ -85,7 +85,10 @@ class ChannelStateReader:
         for data in self._mapped.values():
             close = getattr(data, "close", None)
             if close:
-                close()
+                try:
+                    close()
+                except BufferError:  # a view of the map is still referenced (by an error's traceback):
+                    pass  # the map is released with the last view
         self._mapped.clear()
 
     def payload(self, source: BufferSource) -> bytes:
