@@ -285,3 +285,37 @@ def test_pyspark_refusing_another_python_is_one_line_naming_both_versions():
     line = explain("spark://h:7077", f"Job aborted due to stage failure: ...\n{refusal}\n\tat ...")
     assert line is not None and "\n" not in line
     assert "spark://h:7077" in line and "Python 3.12" in line and "Python 3.11" in line
+
+
+def corrupt_copy(source: Path, directory: Path) -> Path:
+    """A copy of the source whose first input channel buffer claims more bytes than its file holds:
+    only a task reading the channel finds out."""
+    from ckpt_tool.flink.channel_state import BufferSource
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.flink.model import INPUT
+
+    copy = directory / source.parent.parent.name
+    shutil.copytree(source.parent.parent, copy)
+    checkpoint = Checkpoint.open(str(copy / source.parent.name / source.name))
+    handles = [h for op in checkpoint.metadata.operators for s in op.subtasks for h in s.channel_handles(INPUT)]
+    where = next(b for b in (BufferSource.of(checkpoint, h) for h in handles) if b.location and b.segment is None)
+    with open(where.location, "r+b") as file:
+        file.seek(where.offsets[0])
+        file.write((0x7FFFFF00).to_bytes(4, "big"))
+    return Path(checkpoint.uri)
+
+
+@pytest.mark.flink
+def test_errors_on_executors_are_ckpt_errors_and_every_command_stops_spark(cluster, source, tmp_path):
+    corrupt = corrupt_copy(source, tmp_path)
+    local = run_ckpt(*rescale_args(corrupt, tmp_path / "local" / "chk", "local[1]"), "--engine", "local")
+    remote = run_ckpt(*rescale_args(corrupt, tmp_path / "cluster" / "chk", cluster.url))
+    assert local.returncode == remote.returncode == 2, remote.stderr
+    assert remote.stderr == local.stderr and len(remote.stderr.splitlines()) == 1 and "runs past the end" in remote.stderr
+    inspected = run_ckpt("inspect", source, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--spark-master",
+                         cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
+    assert inspected.returncode == 0, inspected.stderr
+    assert json.loads(inspected.stdout)["engine"] == "spark"
+    state = cluster.state()
+    assert not state["activeapps"] and state["completedapps"]
+    assert {app["state"] for app in state["completedapps"]} == {"FINISHED"}
