@@ -316,6 +316,17 @@ def test_errors_on_executors_are_ckpt_errors_and_every_command_stops_spark(clust
                          cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
     assert inspected.returncode == 0, inspected.stderr
     assert json.loads(inspected.stdout)["engine"] == "spark"
+    verified = run_ckpt("verify", source, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--target-parallelism", 3,
+                        "--spark-master", cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     state = cluster.state()
     assert not state["activeapps"] and state["completedapps"]
     assert {app["state"] for app in state["completedapps"]} == {"FINISHED"}
+
+
+def test_executors_without_ckpt_are_one_line_naming_what_they_miss(cluster, source, tmp_path):
+    """With shipping turned off, the workers' Python has no ckpt: the probe says so before any work."""
+    result = run_ckpt(*rescale_args(source, tmp_path / "out" / source.name, cluster.url, "spark.ckpt.ship=false"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"the executors of {cluster.url} cannot import 'ckpt_tool'" in lines[0]
