@@ -119,6 +119,13 @@ class Cluster:
         except OSError:
             return {}
 
+    def settled_state(self, seconds: float = 15) -> dict:
+        """The master's state once no application is active (an application ends as its driver stops)."""
+        deadline = time.monotonic() + seconds
+        while (state := self.state()).get("activeapps") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return state
+
     def executor_logs(self) -> dict[Path, str]:
         return {log: log.read_text(errors="replace") for work in self.work_dirs for log in work.glob("app-*/*/stderr")}
 
@@ -272,6 +279,17 @@ def test_an_unreachable_master_fails_at_once_naming_it(source, tmp_path):
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 
+def test_a_cluster_that_runs_no_task_fails_naming_the_master(cluster, source, tmp_path):
+    """Executors of 4 GiB do not fit the workers' 1 GiB: Spark would wait for them without end."""
+    wants = ("spark.executor.memory=4g", "spark.ckpt.executorTimeout=10")
+    started = time.monotonic()
+    result = run_ckpt(*rescale_args(source, tmp_path / "out" / source.name, cluster.url, *wants), timeout=120)
+    assert result.returncode == 2 and time.monotonic() - started < 60
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no executor of the Spark master {cluster.url} ran a task within 10 s" in lines[0]
+    assert not cluster.settled_state()["activeapps"]
+
+
 def test_pyspark_refusing_another_python_is_one_line_naming_both_versions():
     """PySpark's own refusal of executors whose Python differs from the driver's, as PySpark words
     it, becomes ckpt's line (no second Python minor version is at hand to start a worker with)."""
@@ -319,7 +337,7 @@ def test_errors_on_executors_are_ckpt_errors_and_every_command_stops_spark(clust
     verified = run_ckpt("verify", source, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--target-parallelism", 3,
                         "--spark-master", cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    state = cluster.state()
+    state = cluster.settled_state()
     assert not state["activeapps"] and state["completedapps"]
     assert {app["state"] for app in state["completedapps"]} == {"FINISHED"}
 
