@@ -185,8 +185,12 @@ def run_ckpt(*args, timeout: float = 300, background: bool = False, **kwargs):
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+# small executors that start sooner (their JVM only feeds Python workers), as the driver's
+EXECUTORS = ("spark.executor.memory=512m", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+
 def rescale_args(src, dst, master, *conf: str) -> list:
-    confs = [x for c in ("spark.executor.memory=512m", *conf) for x in ("--conf", c)]
+    confs = [x for c in (*EXECUTORS, *conf) for x in ("--conf", c)]
     return ["rescale", src, dst, "--parallelism", 3, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA,
             "--spark-master", master, *confs, "--json"]  # fmt: skip
 
@@ -330,12 +334,12 @@ def test_errors_on_executors_are_ckpt_errors_and_every_command_stops_spark(clust
     remote = run_ckpt(*rescale_args(corrupt, tmp_path / "cluster" / "chk", cluster.url))
     assert local.returncode == remote.returncode == 2, remote.stderr
     assert remote.stderr == local.stderr and len(remote.stderr.splitlines()) == 1 and "runs past the end" in remote.stderr
-    inspected = run_ckpt("inspect", source, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--spark-master",
-                         cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
+    on_cluster = ["--spark-master", cluster.url, *[x for c in EXECUTORS for x in ("--conf", c)], "--json"]
+    described = ["--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA]
+    inspected = run_ckpt("inspect", source, *described, *on_cluster)
     assert inspected.returncode == 0, inspected.stderr
     assert json.loads(inspected.stdout)["engine"] == "spark"
-    verified = run_ckpt("verify", source, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--target-parallelism", 3,
-                        "--spark-master", cluster.url, "--conf", "spark.executor.memory=512m", "--json")  # fmt: skip
+    verified = run_ckpt("verify", source, *described, "--target-parallelism", 3, *on_cluster)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     state = cluster.settled_state()
     assert not state["activeapps"] and state["completedapps"]
