@@ -352,3 +352,27 @@ def test_executors_without_ckpt_are_one_line_naming_what_they_miss(cluster, sour
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"the executors of {cluster.url} cannot import 'ckpt_tool'" in lines[0]
+
+
+def test_executors_read_and_write_s3_with_the_drivers_settings(cluster, source, s3_endpoint):
+    """The driver's S3 endpoint and credentials (here moto's server on 127.0.0.1, from the
+    environment) reach the executors, which read and write S3 through the shipped boto3."""
+    import boto3
+
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="cluster")
+    job = source.parent
+    for path in job.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "cluster", f"in/{path.relative_to(job.parent)}")
+    src = f"s3://cluster/in/{job.name}/{source.name}"
+    dst = f"s3://cluster/out/job/{source.name}"
+    result = run_ckpt(*rescale_args(src, dst, cluster.url))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["records_out"] == report["records_in"] > 0
+    written = [o["Key"] for o in client.list_objects_v2(Bucket="cluster", Prefix="out/")["Contents"]]
+    inflight = [k for k in written if "/ckpt-inflight-" in k]
+    assert inflight and all("-attempt-" in k for k in inflight)
+    verified = run_ckpt("verify", dst, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--engine", "local", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
