@@ -33,6 +33,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ SHIP_PACKAGES = "spark.ckpt.shipPackages"  # more distributions to ship, comma-s
 EXECUTOR_TIMEOUT = "spark.ckpt.executorTimeout"  # seconds for the executors' first task
 DEFAULT_EXECUTOR_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0
+KEEP_BUNDLES = 4  # in the cache; older ones are removed a day after they were made
 
 
 class ClusterError(CkptError):
@@ -189,6 +191,10 @@ def executor_bundle(extra: tuple[str, ...] = ()) -> Path:
         except BaseException:
             os.unlink(part.name)
             raise
+    older = sorted(directory.glob("ckpt-executor-*.zip"), key=lambda p: p.stat().st_mtime, reverse=True)[KEEP_BUNDLES:]
+    for stale in older:  # bundles of earlier versions of ckpt or its dependencies, not in use by a running ckpt
+        if time.time() - stale.stat().st_mtime > 86400:
+            stale.unlink(missing_ok=True)
     return bundle
 
 
