@@ -24,6 +24,7 @@ from ckpt_tool.engine.tasks import (
     ReadBackTask,
     RoutedFile,
     channel_tasks,
+    discard_other_attempts,
     read_back,
     route_task,
     route_tasks,
@@ -116,6 +117,7 @@ class RescaleReport:
     carried_bytes: int = 0
     files_written: int = 0
     leftovers_removed: int = 0  # files an interrupted earlier run left in DST, removed first
+    warnings: list[str] = field(default_factory=list)  # about where the work ran (the engine's)
 
     @property
     def estimated(self) -> bool:
@@ -152,6 +154,7 @@ class RescaleReport:
             "carried": {"buffers": self.carried_buffers, "bytes": self.carried_bytes},
             "files_written": self.files_written,
             "leftovers_removed": self.leftovers_removed,
+            "warnings": self.warnings,
         }
 
 
@@ -279,6 +282,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     routed: list[RoutedFile] = engine.map(
         lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
     )
+    discard_other_attempts(dst, tasks, routed)  # files of failed, lost or speculative attempts on Spark
+    report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
     for written in routed:
         exchange = rescaled[written.exchange_index]

@@ -32,6 +32,7 @@ class Session:
     spark_conf: dict[str, str] = field(default_factory=dict)
     quiet: bool = True  # Spark's own logging off
     progress: Progress = None
+    warnings: list[str] = field(default_factory=list)  # the engine's, kept when it stops
     _engine: Optional[Engine] = field(default=None, repr=False)
 
     @staticmethod
@@ -99,5 +100,6 @@ class Session:
     def close(self) -> None:
         """Stop the engine the session made (an engine passed in stays its caller's)."""
         if self._engine is not None:
+            self.warnings = list(self._engine.warnings)
             self._engine.stop()
             self._engine = None

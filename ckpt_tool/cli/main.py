@@ -106,11 +106,19 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     """The session a command works in; Spark's own logging stays off unless --verbose."""
     from ckpt_tool.session import Session
 
-    verbose = bool((click.get_current_context().obj or {}).get("verbose"))
-    sql_plan = click.get_current_context().meta.get("sql_plan")
-    return Session.open(
+    context = click.get_current_context()
+    verbose = bool((context.obj or {}).get("verbose"))
+    sql_plan = context.meta.get("sql_plan")
+    session = Session.open(
         checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
     )
+
+    def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
+        for warning in session.warnings:
+            click.echo(f"ckpt: warning: {warning}", err=True)
+
+    context.call_on_close(warn)
+    return session
 
 
 @cli.command()
@@ -256,7 +264,8 @@ def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) 
 
     from ckpt_tool.records.export import export_records
 
-    with open_session(checkpoint, schema, plan, engine, spark_master, conf) as session:
+    ship_pyarrow = ("spark.ckpt.shipPackages=pyarrow",)  # executors write Parquet: a cluster needs pyarrow
+    with open_session(checkpoint, schema, plan, engine, spark_master, ship_pyarrow + tuple(conf)) as session:
         with progress_bar("exporting in-flight records", enabled=not as_json) as session.progress:
             report = export_records(session.checkpoint, session.described_exchanges, session.engine, out, session.progress)
     if as_json:

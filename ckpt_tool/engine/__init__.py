@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
@@ -89,9 +89,11 @@ def _raise_task_errors(results: list) -> list:
 
 
 class Engine:
-    """Applies a function to every task; ``map`` raises the first task's error, if any."""
+    """Applies a function to every task; ``map`` raises the first task's error, if any.
+    ``warnings``: what the reports should say about where the work ran (e.g. a slower path)."""
 
     name = "engine"
+    warnings: Sequence[str] = ()
 
     def map(self, function, items: list, progress: Progress = None, one_per_partition: bool = False) -> list:
         return _raise_task_errors(self._map(_Guarded(function), items, progress, one_per_partition))
@@ -149,10 +151,6 @@ DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 QUIET_LOGGING = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
 
 
-def is_local_master(master: str) -> bool:
-    return master == "local" or master.startswith("local[")
-
-
 def executor_environment() -> dict[str, str]:
     """``spark.executorEnv.*`` settings carrying the driver's S3 credentials and endpoint."""
     return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
@@ -164,7 +162,8 @@ class SparkEngine(Engine):
     Quiet (the default, unless ``--verbose``): the Spark JVM's output goes to a log file
     (``log``) instead of the terminal, and log4j logs nothing; ckpt reports failures itself.
     In local mode the workers run the driver's own Python, so ckpt runs from any directory
-    without an activated virtualenv."""
+    without an activated virtualenv. On a cluster (see ``shipping``) ckpt ships itself to the
+    executors, and checks that they run its tasks before it hands them any work."""
 
     name = "spark"
 
@@ -182,6 +181,8 @@ class SparkEngine(Engine):
         self._context = None
         self._owned = True  # False when Spark was already running in this process: left running
         self._starting: Optional[Future] = None
+        self.warnings: list[str] = []
+        self.executors: list = []  # on a cluster: what the probe found on each executor core
 
     def start(self) -> None:
         """Start Spark in the background, so that its start-up overlaps the driver's own work."""
@@ -193,22 +194,47 @@ class SparkEngine(Engine):
     def _create_context(self):
         from pyspark import SparkConf, SparkContext
 
+        from ckpt_tool.engine import shipping
+
         running = SparkContext._active_spark_context
         if running is not None:
             self._owned = False
             return running
-        if is_local_master(self.master) and "PYSPARK_PYTHON" not in os.environ:
-            os.environ["PYSPARK_PYTHON"] = sys.executable  # read by SparkContext for its Python workers
-        conf = SparkConf().setMaster(self.master).setAppName("ckpt").setAll(list(self.conf.items()))
-        gateway = None
-        if self.quiet:
-            from pyspark.java_gateway import launch_gateway
+        cluster = shipping.is_cluster(self.master)
+        settings = dict(self.conf)
+        if cluster:
+            shipping.check_reachable(self.master)
+            settings.update(shipping.shipping_conf(self.conf))
+        # the executors' Python (SparkContext reads PYSPARK_PYTHON): in local mode this one, on a
+        # cluster spark.pyspark.python if given, else the executors' own PYSPARK_PYTHON or python3
+        python = sys.executable if not cluster else settings.get("spark.pyspark.python")
+        saved = os.environ.get("PYSPARK_PYTHON")
+        if python and (cluster or saved is None):
+            os.environ["PYSPARK_PYTHON"] = python
+        try:
+            conf = SparkConf().setMaster(self.master).setAppName("ckpt").setAll(list(settings.items()))
+            gateway = None
+            if self.quiet:
+                from pyspark.java_gateway import launch_gateway
 
-            with tempfile.NamedTemporaryFile(prefix="ckpt-spark-", suffix=".log", delete=False) as log:
-                self.log = log.name
-                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-        context = SparkContext(conf=conf, gateway=gateway)
+                with tempfile.NamedTemporaryFile(prefix="ckpt-spark-", suffix=".log", delete=False) as log:
+                    self.log = log.name
+                    gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            context = SparkContext(conf=conf, gateway=gateway)
+        finally:
+            if saved is None:
+                os.environ.pop("PYSPARK_PYTHON", None)
+            else:
+                os.environ["PYSPARK_PYTHON"] = saved
         context.setLogLevel("OFF" if self.quiet else "ERROR")
+        if cluster:
+            try:
+                timeout = float(self.conf.get(shipping.EXECUTOR_TIMEOUT, shipping.DEFAULT_EXECUTOR_TIMEOUT))
+                self.executors = shipping.probe(context, self.master, timeout)
+            except BaseException:
+                context.stop()  # a cluster that cannot run ckpt is left at once
+                raise
+            self.warnings += shipping.warnings_of(self.executors)
         return context
 
     @property
@@ -241,8 +267,10 @@ class SparkEngine(Engine):
         try:
             results = sc.parallelize(items, slices).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
+            from ckpt_tool.engine.shipping import explain
+
             where = f" (Spark's log: {self.log})" if self.log else ""
-            raise EngineError(f"Spark failed: {_last_line(exc)}{where}") from exc
+            raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {_last_line(exc)}") + where) from exc
         if progress:
             progress(len(items), len(items))
         return results

@@ -16,6 +16,9 @@ returns small figures.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,8 +38,8 @@ from ckpt_tool.flink.channel_state import (
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
-from ckpt_tool.records import _framing
 from ckpt_tool.records.batch import ChannelRecords, KeyGroups, Values, frame_channel
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
 from ckpt_tool.records.scan import ChannelScan, scan_records
@@ -146,6 +149,36 @@ def inflight_file_name(downstream_id: str, gate: int, channel: int) -> str:
     return f"ckpt-inflight-{downstream_id}-{gate}-{channel}"
 
 
+ATTEMPT = "-attempt-"
+
+
+def attempt_file_name(file_name: str) -> str:
+    """The name this attempt of a task writes: on Spark, which retries failed tasks and may run
+    speculative copies, every attempt writes a file of its own (``<name>-attempt-<id>``); the
+    driver references the winner's and removes the others (``discard_other_attempts``)."""
+    if "pyspark" in sys.modules:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None:
+            return f"{file_name}{ATTEMPT}{context.taskAttemptId()}"
+    return file_name
+
+
+def discard_other_attempts(dst: str, tasks: list[RouteTask], routed: list[RoutedFile]) -> list[str]:
+    """Remove the files that attempts of ``tasks`` other than the ones in ``routed`` left under
+    ``dst`` (a failed, lost or speculative attempt); returns their names."""
+    winners = {r.file_name for r in routed}
+    prefixes = tuple(t.file_name + ATTEMPT for t in tasks)
+    io, removed = io_for(dst), []
+    for uri in io.list(dst):
+        name = uri[len(join(dst, "")) :] if uri.startswith(join(dst, "")) else uri.rsplit("/", 1)[-1]
+        if name.startswith(prefixes) and name not in winners:
+            io.delete(uri)
+            removed.append(name)
+    return removed
+
+
 @dataclass
 class RouteTask:
     """New input channel ``new_channel`` of an exchange: the old channels that feed it, in
@@ -200,7 +233,7 @@ def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[Rou
 def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
     """Route the task's records and write its channel-state file under ``dst``."""
     _framing.reuse_memory()
-    result = RoutedFile(task.exchange_index, task.new_channel, task.file_name)
+    result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
@@ -219,8 +252,11 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
                         digests.setdefault(target, xxhash.xxh3_128()).update(framed)
                         yield target, framed
 
-        writer = write_channel_state_file(io_for(dst), join(dst, task.file_name), pieces())
+        writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
     result.file_size = writer.size
+    pause = os.environ.get("CKPT_TEST_PAUSE_AFTER_WRITE")  # tests: an attempt that wrote, then is lost
+    if pause:
+        time.sleep(float(pause))
     result.placed = {
         target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
         for target, p in writer.placements.items()

@@ -20,7 +20,6 @@ really there, never from the metadata alone.
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
-from ckpt_tool.records import _framing
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.storage import FileIO, io_for
 from ckpt_tool.storage.base import is_s3
 
@@ -69,21 +68,6 @@ class BufferSource:
         return self.location or "inline channel state"
 
 
-def _fresh_errors(method):
-    """A reader method whose errors are raised afresh, outside the except block: the original's
-    traceback holds views of the reader's mapped files, which would keep ``close`` from closing them."""
-
-    @functools.wraps(method)
-    def wrapped(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except CheckpointFormatError as exc:
-            message = str(exc)
-        raise CheckpointFormatError(message)
-
-    return wrapped
-
-
 class ChannelStateReader:
     """Reads the buffers of channel handles. Files stay open (mapped) for the reader's lifetime,
     since channels share files; ``close`` releases them. Use one reader per task."""
@@ -94,37 +78,30 @@ class ChannelStateReader:
     def __enter__(self) -> ChannelStateReader:
         return self
 
-    def __exit__(self, kind, *exc) -> None:
-        try:
-            self.close()
-        except BufferError:
-            if kind is None:
-                raise
-            # the failure's traceback still holds views of a mapping: keep the failure as the error,
-            # and let the mappings go with those views
-            self._mapped.clear()
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         for data in self._mapped.values():
             close = getattr(data, "close", None)
             if close:
-                close()
+                try:
+                    close()
+                except BufferError:  # a view of the map is still referenced (by an error's traceback):
+                    pass  # the map is released with the last view
         self._mapped.clear()
 
-    @_fresh_errors
     def payload(self, source: BufferSource) -> bytes:
         """The payloads of the source's buffers, concatenated: its part of a channel's stream."""
         data, offsets = self._data(source)
         return _payloads(data, offsets, source.where)
 
-    @_fresh_errors
     def payload_and_lengths(self, source: BufferSource) -> tuple[bytes, list[int]]:
         """The payloads concatenated, and each buffer's length."""
         data, offsets = self._data(source)
         stream = _payloads(data, offsets, source.where)
         return stream, [_LENGTH.unpack_from(data, o)[0] for o in offsets]
 
-    @_fresh_errors
     def buffer_digests(self, source: BufferSource, min_bytes: int = 0) -> list[bytes]:
         """An xxh3-128 digest of each buffer of at least ``min_bytes``, read where it lies (no copy)."""
         data, offsets = self._data(source)

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ckpt_tool.records import _framing
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type

@@ -1,0 +1,85 @@
+"""The record path's sequential loops in Python and NumPy: the same functions, results and
+errors as the C module ``_framing.c``, for a machine where that module cannot load (a Spark
+executor of another platform than the one ckpt was built on). Slower, never different: a test
+compares both on real and generated channels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_LENGTH = np.dtype(">i4")
+
+
+def _as_bytes(data: Any) -> memoryview:
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _int64s(values: Any) -> np.ndarray:
+    return np.frombuffer(_as_bytes(values), dtype=np.int64)
+
+
+def _length_at(view: memoryview, at: int) -> int:
+    return int.from_bytes(view[at : at + 4], "big", signed=True)
+
+
+def frame(data: Any) -> tuple[bytes, int]:
+    """The offsets of every whole record's length field (native int64 bytes), and where the
+    first incomplete record begins."""
+    view = _as_bytes(data)
+    size, pos = len(view), 0
+    starts: list[int] = []
+    while pos + 4 <= size:
+        length = _length_at(view, pos)
+        if length < 0:
+            raise ValueError(f"negative record length {length} at byte {pos} of a channel")
+        if pos + 4 + length > size:
+            break
+        starts.append(pos)
+        pos += 4 + length
+    return np.asarray(starts, dtype=np.int64).tobytes(), pos
+
+
+def gather(data: Any, starts: Any, ends: Any) -> bytes:
+    """data[starts[i]:ends[i]] for every i, concatenated."""
+    view = _as_bytes(data)
+    first, last = _int64s(starts), _int64s(ends)
+    if len(first) != len(last):
+        raise ValueError("starts and ends differ in length")
+    if len(first) and ((first < 0).any() or (last < first).any() or (last > len(view)).any()):
+        raise ValueError("range outside the data")
+    return b"".join(view[a:b] for a, b in zip(first.tolist(), last.tolist()))
+
+
+def _checked_lengths(view: memoryview, at: np.ndarray) -> list[int]:
+    lengths, previous_end = [], 0
+    for offset in at.tolist():
+        if offset < 0 or offset + 4 > len(view):
+            raise ValueError(f"buffer offset {offset} is outside the file ({len(view)} bytes)")
+        if offset < previous_end:
+            raise ValueError(f"buffer offset {offset} repeats or overlaps the buffer before it (which ends at {previous_end})")
+        length = _length_at(view, offset)
+        if length < 0 or offset + 4 + length > len(view):
+            raise ValueError(f"buffer at offset {offset} of length {length} runs past the end ({len(view)} bytes)")
+        previous_end = offset + 4 + length
+        lengths.append(length)
+    return lengths
+
+
+def payloads(data: Any, offsets: Any) -> bytes:
+    """The payloads of the checked buffers at the offsets, concatenated."""
+    view = _as_bytes(data)
+    at = _int64s(offsets)
+    lengths = _checked_lengths(view, at)
+    return b"".join(view[offset + 4 : offset + 4 + length] for offset, length in zip(at.tolist(), lengths))
+
+
+def lengths(data: Any, offsets: Any) -> bytes:
+    """The checked buffers' payload lengths as native int64s."""
+    return np.asarray(_checked_lengths(_as_bytes(data), _int64s(offsets)), dtype=np.int64).tobytes()
+
+
+def reuse_memory() -> None:
+    """glibc's mallopt tuning of the C module; nothing to do here."""
