@@ -18,7 +18,7 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
 )
 from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
-from ckpt_tool.storage.base import is_s3
+from ckpt_tool.storage.base import is_s3, within
 
 METADATA_FILE = "_metadata"
 
@@ -129,7 +129,7 @@ class Checkpoint:
         real_job_dir = os.path.realpath(job_dir)
         real_dirs: dict[str, str] = {}
         for uri in self.referenced_files():
-            if not _inside(uri, job_dir):
+            if not within(uri, job_dir):
                 continue  # a file Flink shares with other jobs (CLAIM mode): left where it is, never copied
             directory, name = os.path.split(uri)
             if directory not in real_dirs:
@@ -137,7 +137,7 @@ class Checkpoint:
             real = os.path.join(real_dirs[directory], name)
             if os.path.islink(real):
                 real = os.path.realpath(real)
-            if not _inside(real, real_job_dir):
+            if not within(real, real_job_dir):
                 raise CheckpointFormatError(
                     f"{uri} is a symbolic link to {real}, outside the checkpoint's job directory {job_dir}: refused"
                 )
@@ -159,10 +159,6 @@ class Checkpoint:
         if isinstance(handle, SegmentFileHandle):
             return self.io.read_range(uri, handle.start, handle.size)
         return self.io.read(uri)
-
-
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _escapes(path: str) -> bool:

@@ -181,7 +181,7 @@ class _MetadataReader:
             held.add(index)
             self.holder = f"{operator} subtask {index}"
             if stored < 0:
-                op.subtasks.append(SubtaskState(index=-stored - 1, finished=True))
+                op.subtasks.append(SubtaskState(index=index, finished=True))
             else:
                 op.subtasks.append(self.subtask_state(stored))
         return op

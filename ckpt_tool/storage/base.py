@@ -35,6 +35,11 @@ def join(base: str, *parts: str) -> str:
     return posixpath.join(normalize_uri(base).rstrip("/") or "/", *parts)
 
 
+def within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies below it (by name: no links are followed)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def parent(uri: str) -> str:
     uri = normalize_uri(uri).rstrip("/")
     if is_s3(uri) and uri.count("/") <= 2:

@@ -11,7 +11,7 @@ from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
 from ckpt_tool.flink.metadata import map_stream_handles, write_metadata
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, join, normalize_uri, parent
-from ckpt_tool.storage.base import is_s3
+from ckpt_tool.storage.base import is_s3, within
 from ckpt_tool.writer.claim import Claim, claimed
 
 Progress = Optional[Callable[[int, int], None]]
@@ -33,10 +33,6 @@ def _canonical(uri: str) -> str:
     return uri if is_s3(uri) else os.path.realpath(uri)
 
 
-def _inside(inner: str, outer: str) -> bool:
-    return inner == outer or inner.startswith(outer + "/")
-
-
 def check_destination(dst: str, source: Optional[str] = None) -> None:
     """Refuse a destination that holds a checkpoint, is a file, or lies inside the source
     checkpoint (Flink's checkpoint cleanup would delete it with the source) or around it."""
@@ -44,12 +40,12 @@ def check_destination(dst: str, source: Optional[str] = None) -> None:
         raise DestinationError(f"destination {dst} is a file; give a directory (it may not exist yet)")
     if source is not None:
         where, origin = _canonical(dst), _canonical(source)
-        if _inside(where, origin):
+        if within(where, origin):
             raise DestinationError(
                 f"destination {dst} is inside the source checkpoint {source}; Flink's checkpoint cleanup would delete "
                 "it with the source: choose a directory outside Flink's checkpoint directories"
             )
-        if _inside(origin, where):
+        if within(origin, where):
             raise DestinationError(f"destination {dst} contains the source checkpoint {source}; choose another directory")
     if io_for(dst).exists(join(dst, METADATA_FILE)):
         raise OutputExistsError(f"{join(dst, METADATA_FILE)} already exists; choose a new destination")

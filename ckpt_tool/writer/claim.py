@@ -26,7 +26,7 @@ from typing import Optional
 
 from ckpt_tool.errors import AlreadyExistsError, CkptError, StorageError
 from ckpt_tool.storage import FileIO, io_for, join, normalize_uri
-from ckpt_tool.storage.base import is_s3
+from ckpt_tool.storage.base import is_s3, within
 
 LOCK_FILE = "_ckpt_lock"
 OUTPUT_PREFIX = "ckpt-"  # every data file ckpt writes is named so
@@ -165,7 +165,7 @@ def _take_over(claim: Claim) -> int:
             claim.io.delete(uri)
             claim.leftovers_removed.append(uri)
     dead_dirs = _strings(record, "created_dirs")  # the lock is untrusted: DST and its parents only
-    claim.created_dirs = [d for d in dead_dirs if d == claim.dst or claim.dst.startswith(d + "/")]
+    claim.created_dirs = [d for d in dead_dirs if within(claim.dst, d)]
     return fd
 
 
