@@ -1,21 +1,16 @@
 """Savepoints (canonical and native format; hashmap, and RocksDB on 2.3) and aligned checkpoints
-written by real Flink 2.3 and 1.20: ckpt inspects and verifies them as Flink reads them, and real
-Flink restores ckpt's rescale of them (2 -> 3), moved to another directory, with the exact count."""
+written by real Flink 2.3 and 1.20: ckpt inspects and verifies them as Flink reads them. Real Flink
+restores ckpt's rescale (2 -> 3) and repair of each, moved to another directory, with the exact
+count: their cells of the compatibility matrix (tests/test_compat.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
-import pytest
-
-import flink_env
-from catalog import COUNTJOB_SCHEMA, SNAPSHOTS, tree_digest
+from catalog import COUNTJOB_SCHEMA, SNAPSHOTS
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.metadata import SAVEPOINT_KEY_GROUPS, iter_stream_handles
 from ckpt_tool.flink.model import FileHandle, IncrementalKeyedHandle, KeyGroupsHandle
-from ckpt_tool.ops.rescale import rescale
-from ckpt_tool.session import Session
 
 OPERATOR_KEYS = ("id", "parallelism", "max_parallelism", "finished", "channel_state")
 
@@ -78,19 +73,3 @@ def test_verify_is_sound(snapshot, ckpt):
     report = json.loads(out)
     assert report["status"] == "sound"
     assert all(check["status"] == "passed" for check in report["checks"])
-
-
-@pytest.mark.flink
-def test_rescaled_and_moved_restores_with_exact_count(snapshot, tmp_path):
-    fixture = snapshot
-    info = fixture.info
-    before = tree_digest(fixture.directory)
-    written = tmp_path / "written" / "job" / fixture.checkpoint.name
-    with Session.open(str(fixture.checkpoint), str(COUNTJOB_SCHEMA), fixture.plan, "local") as session:
-        report = rescale(session, str(written), 3).as_dict()
-    assert report["records_in"] == report["records_out"] == 0
-    moved = tmp_path / "moved" / "elsewhere" / fixture.checkpoint.name
-    moved.parent.mkdir(parents=True)
-    shutil.move(written, moved)  # ckpt's output references its files relative to itself
-    assert tree_digest(fixture.directory) == before, "the input was modified"
-    assert flink_env.restore_count(info["flink_version"], moved, 3, backend=info["backend"]) == info["source_records"]
