@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from typing import Optional, Union
+from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.metadata import CHANGELOG_V2
@@ -58,15 +58,22 @@ def _pieces(handle) -> list:
     raise KeyedStateError(f"cannot reassign keyed state held in a {type(handle).__name__}")
 
 
-def _changelog_intersection(handle: Union[ChangelogStreamHandle, InMemoryChangelogHandle], wanted: range):
+def _changelog_intersection(handle: KeyedHandle, wanted: range) -> Optional[KeyedHandle]:
     """A changelog handle's part for the key groups ``wanted``, as Flink's ``getIntersection``."""
     if isinstance(handle, InMemoryChangelogHandle):
         return handle if any(c.key_group in wanted for c in handle.changes) else None
-    low = max(wanted.start, handle.start_key_group)
-    high = min(wanted.stop, handle.start_key_group + handle.num_key_groups)
-    if low >= high:
+    if not isinstance(handle, ChangelogStreamHandle):
+        raise KeyedStateError(f"cannot reassign a changelog held in a {type(handle).__name__}")
+    common = _common(handle.key_groups, wanted)
+    if not common:
         return None
-    return replace(handle, start_key_group=low, num_key_groups=high - low, state_size=0, checkpointed_size=0, handle_id=str(uuid.uuid4()))
+    narrowed = replace(handle, start_key_group=common.start, num_key_groups=len(common), handle_id=str(uuid.uuid4()))
+    narrowed.state_size = narrowed.checkpointed_size = 0
+    return narrowed
+
+
+def _common(first: range, second: range) -> range:
+    return range(max(first.start, second.start), min(first.stop, second.stop))
 
 
 def _intersection(handle, wanted: range):
@@ -122,8 +129,8 @@ def reassign_keyed(
     pieces = [p for h in old_handles for p in _pieces(h)]
     changelogs = [h for h in old_handles if isinstance(h, ChangelogBackendHandle) and h.non_materialized]
     if changelogs and merge is not None:
-        raise KeyedStateError("this Flink version's metadata cannot hold the changelog of several old subtasks")
-    result = []
+        raise KeyedStateError("ckpt does not reassign the changelog state backend's state in metadata version 3 (Flink 1.15)")
+    result: list[Optional[KeyedHandle]] = []
     for index in range(new_parallelism):
         wanted = key_group_range(max_parallelism, new_parallelism, index)
         parts = []
@@ -131,16 +138,17 @@ def reassign_keyed(
             # an incremental handle shared by several old subtasks (after an earlier rescale) counts once
             if part is not None and part not in parts:
                 parts.append(part)
-        overlapping = [h for h in changelogs if max(h.start_key_group, wanted.start) < min(h.start_key_group + h.num_key_groups, wanted.stop)]
+        overlapping = [h for h in changelogs if _common(h.key_groups, wanted)]
         deltas = [d for h in overlapping for d in (_changelog_intersection(c, wanted) for c in h.non_materialized) if d]
         if deltas:
-            low = max(wanted.start, min(h.start_key_group for h in overlapping))
-            high = min(wanted.stop, max(h.start_key_group + h.num_key_groups for h in overlapping))
+            held = _common(
+                range(min(h.key_groups.start for h in overlapping), max(h.key_groups.stop for h in overlapping)), wanted
+            )
             result.append(
                 ChangelogBackendHandle(
                     tag=CHANGELOG_V2,
-                    start_key_group=low,
-                    num_key_groups=high - low,
+                    start_key_group=held.start,
+                    num_key_groups=len(held),
                     checkpointed_size=sum(h.checkpointed_size for h in overlapping),
                     materialized=parts,
                     non_materialized=deltas,

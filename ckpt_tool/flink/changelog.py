@@ -30,20 +30,23 @@ class ChangeSet:
     key_groups: set[int]
 
 
-def changelog_handles(metadata: CheckpointMetadata) -> Iterator[tuple[str, int, ChangelogStreamHandle]]:
-    """(operator label, subtask index, handle) of every changelog handle in file storage."""
+def changelog_handles(
+    metadata: CheckpointMetadata,
+) -> Iterator[tuple[str, int, ChangelogBackendHandle, ChangelogStreamHandle]]:
+    """(operator label, subtask index, backend handle, changelog handle) of every changelog
+    handle in file storage."""
     for op in metadata.operators:
         for s in op.subtasks:
             for keyed in (s.managed_keyed, s.raw_keyed):
                 if isinstance(keyed, ChangelogBackendHandle):
                     for handle in keyed.non_materialized:
                         if isinstance(handle, ChangelogStreamHandle):
-                            yield op.label, s.index, handle
+                            yield op.label, s.index, keyed, handle
 
 
 def changelog_files(metadata: CheckpointMetadata) -> list[StreamHandle]:
     """The stream handles of every changelog file the checkpoint references."""
-    return [file for _, _, handle in changelog_handles(metadata) for file, _ in handle.handles_and_offsets if file]
+    return [file for *_, handle in changelog_handles(metadata) for file, _ in handle.handles_and_offsets if file]
 
 
 def read_change_set(data: bytes, offset: int, source: str) -> ChangeSet:

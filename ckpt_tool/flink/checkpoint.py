@@ -30,10 +30,11 @@ class PathMapping:
 
     Flink's handles may hold absolute paths into the job's checkpoint directory:
     ``…/<job>/chk-7/<uuid>`` (exclusive), ``…/<job>/shared/<uuid>`` (RocksDB incremental),
-    ``…/<job>/taskowned/<uuid>`` and ``…/<job>/dstl/<uuid>`` (the changelog state backend's files,
-    where its ``state.changelog.dstl.dfs.base-path`` is the checkpoint directory). A checkpoint copied elsewhere keeps those paths; the original
-    ``chk-<id>`` directory is found at the checkpoint's current location, and anything else under
-    the original job directory at the same place under the checkpoint's current parent.
+    ``…/<job>/taskowned/<uuid>`` and ``…/<job>/dstl/<uuid>`` (the changelog state backend's
+    files, where its ``state.changelog.dstl.dfs.base-path`` is the checkpoint directory). A
+    checkpoint copied elsewhere keeps those paths; the original ``chk-<id>`` directory is found at
+    the checkpoint's current location, and anything else under the original job directory at the
+    same place under the checkpoint's current parent.
     """
 
     original_job_dir: str | None
@@ -117,7 +118,7 @@ class Checkpoint:
         for handle in iter_stream_handles(self.metadata):
             if isinstance(handle, (FileHandle, RelativeFileHandle)):
                 recorded[self.file_location(handle)] = handle.size
-        changelog = {self.file_location(h) for h in changelog_files(self.metadata) if isinstance(h, (FileHandle, RelativeFileHandle))}
+        changelog = {self.location(h) for h in changelog_files(self.metadata)}
         for uri in self.referenced_files():
             if not self.io.exists(uri):
                 yield f"{uri} is missing: the checkpoint's _metadata references it"

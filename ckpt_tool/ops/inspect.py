@@ -234,7 +234,8 @@ def _keyed_size(handle) -> int:
 
 
 def _key_groups(handle) -> tuple[int, int]:
-    return handle.start_key_group, handle.start_key_group + handle.num_key_groups - 1
+    """A handle's key groups, first and last."""
+    return handle.key_groups.start, handle.key_groups.stop - 1
 
 
 def _keyed_part(checkpoint: Checkpoint, handle) -> KeyedPart:
@@ -249,14 +250,13 @@ def _keyed_part(checkpoint: Checkpoint, handle) -> KeyedPart:
         size = sum(len(c.change) for c in handle.changes)
         return KeyedPart(FLINK_CLASSES[type(handle)], _key_groups(handle), size, [], size)
     if isinstance(handle, KeyGroupsHandle):
-        groups = (handle.key_groups.start, handle.key_groups.stop - 1)
-        files = [handle.delegate] if handle.delegate else []
+        streams = [handle.delegate]
     else:
-        groups = _key_groups(handle)
-        files = [h for h in [handle.meta] + [p.handle for p in handle.shared + handle.private] if h]
-    located = [{"file": checkpoint.location(f), "offset": 0, "bytes": f.size} for f in files]
-    kind = "SavepointKeyGroupsStateHandle" if getattr(handle, "tag", None) == SAVEPOINT_KEY_GROUPS else FLINK_CLASSES[type(handle)]
-    return KeyedPart(kind, groups, _keyed_size(handle), located)
+        streams = [handle.meta] + [p.handle for p in handle.shared + handle.private]
+    located = [{"file": checkpoint.location(f), "offset": 0, "bytes": f.size} for f in streams if f]
+    savepoint = getattr(handle, "tag", None) == SAVEPOINT_KEY_GROUPS
+    kind = "SavepointKeyGroupsStateHandle" if savepoint else FLINK_CLASSES[type(handle)]
+    return KeyedPart(kind, _key_groups(handle), _keyed_size(handle), located)
 
 
 def changelog_summary(checkpoint: Checkpoint, subtask: SubtaskState) -> Optional[ChangelogSummary]:
