@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from ckpt_tool.assign.keyed import merge_key_groups, reassign_keyed
+from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.tasks import (
@@ -177,13 +177,16 @@ def _reassign_operator(
                 files[name] = data
                 return handle
 
-        keyed[field_name] = reassign_keyed(
-            [getattr(s, field_name) for s in live],
-            op.max_parallelism,
-            new_parallelism,
-            source.metadata.checkpoint_id,
-            merge,
-        )
+        try:
+            keyed[field_name] = reassign_keyed(
+                [getattr(s, field_name) for s in live],
+                op.max_parallelism,
+                new_parallelism,
+                source.metadata.checkpoint_id,
+                merge,
+            )
+        except KeyedStateError as exc:
+            raise KeyedStateError(f"operator {op.label}: {exc}") from None
     operator = {}
     for field_name in ("managed_operator", "raw_operator"):
         handles, new_files = reassign_operator_state(

@@ -5,10 +5,19 @@ intersection of every old handle with that range, as ``StateAssignmentOperation`
 a key-groups handle (hashmap) is cut to the range with its offsets; an incremental RocksDB
 handle is shared whole by every new subtask whose range it overlaps (RocksDB clips on restore).
 
+A changelog state backend handle is intersected as ``ChangelogStateBackendHandleImpl`` does it:
+its materialized handles are cut as above; a changelog file handle is kept whole (the same files
+and offsets) with its key-group range narrowed, its sizes 0 and a new id
+(``ChangelogStateHandleStreamImpl.getIntersection``); an in-memory changelog handle is kept whole
+if any of its changes is in the range. On restore Flink applies only the changes of the key
+groups the new subtask owns (``ChangelogBackendLogApplier``).
+
 ``_metadata`` holds one keyed handle per subtask. Where a new subtask needs several old handles,
-they go into one ``ChangelogStateBackendHandle`` as its materialized part with no changelog:
-a job without the changelog backend restores it through Flink's
-``DeactivatedChangelogStateBackend``, which restores the materialized handles with rescaling.
+they go into one ``ChangelogStateBackendHandle``: the materialized parts of all of them, then
+their changelogs in the old subtasks' order, with the highest materialization id (what
+``ChangelogKeyedStateBackend`` makes of several restored handles). Without changelog, a job
+without the changelog backend restores it through Flink's ``DeactivatedChangelogStateBackend``,
+which restores the materialized handles with rescaling.
 Flink 1.15 (metadata v3) has neither; there the key-group blocks of several hashmap files are
 merged into one new file (``merge_key_groups``), and RocksDB state that would need several
 handles is refused.
@@ -17,13 +26,16 @@ handles is refused.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.metadata import CHANGELOG_V2
 from ckpt_tool.flink.model import (
     ChangelogBackendHandle,
+    ChangelogStreamHandle,
     IncrementalKeyedHandle,
+    InMemoryChangelogHandle,
     KeyedHandle,
     KeyGroupsHandle,
     RelativeFileHandle,
@@ -36,16 +48,32 @@ class KeyedStateError(CkptError):
 
 
 def _pieces(handle) -> list:
-    """The handles a keyed handle stands for (a changelog handle's materialized part)."""
+    """The materialized handles a keyed handle stands for (a changelog handle's materialized part)."""
     if handle is None:
         return []
     if isinstance(handle, ChangelogBackendHandle):
-        if handle.non_materialized:
-            raise KeyedStateError("keyed state with changelog deltas cannot be reassigned offline")
         return [p for inner in handle.materialized for p in _pieces(inner)]
     if isinstance(handle, (KeyGroupsHandle, IncrementalKeyedHandle)):
         return [handle]
     raise KeyedStateError(f"cannot reassign keyed state held in a {type(handle).__name__}")
+
+
+def _changelog_intersection(handle: KeyedHandle, wanted: range) -> Optional[KeyedHandle]:
+    """A changelog handle's part for the key groups ``wanted``, as Flink's ``getIntersection``."""
+    if isinstance(handle, InMemoryChangelogHandle):
+        return handle if any(c.key_group in wanted for c in handle.changes) else None
+    if not isinstance(handle, ChangelogStreamHandle):
+        raise KeyedStateError(f"cannot reassign a changelog held in a {type(handle).__name__}")
+    common = _common(handle.key_groups, wanted)
+    if not common:
+        return None
+    narrowed = replace(handle, start_key_group=common.start, num_key_groups=len(common), handle_id=str(uuid.uuid4()))
+    narrowed.state_size = narrowed.checkpointed_size = 0
+    return narrowed
+
+
+def _common(first: range, second: range) -> range:
+    return range(max(first.start, second.start), min(first.stop, second.stop))
 
 
 def _intersection(handle, wanted: range):
@@ -99,7 +127,10 @@ def reassign_keyed(
     ``merge(parts, wanted, index)``, where given, combines several key-groups handles instead of a
     changelog handle (for metadata without one)."""
     pieces = [p for h in old_handles for p in _pieces(h)]
-    result = []
+    changelogs = [h for h in old_handles if isinstance(h, ChangelogBackendHandle) and h.non_materialized]
+    if changelogs and merge is not None:
+        raise KeyedStateError("ckpt does not reassign the changelog state backend's state in metadata version 3 (Flink 1.15)")
+    result: list[Optional[KeyedHandle]] = []
     for index in range(new_parallelism):
         wanted = key_group_range(max_parallelism, new_parallelism, index)
         parts = []
@@ -107,6 +138,26 @@ def reassign_keyed(
             # an incremental handle shared by several old subtasks (after an earlier rescale) counts once
             if part is not None and part not in parts:
                 parts.append(part)
+        overlapping = [h for h in changelogs if _common(h.key_groups, wanted)]
+        deltas = [d for h in overlapping for d in (_changelog_intersection(c, wanted) for c in h.non_materialized) if d]
+        if deltas:
+            held = _common(
+                range(min(h.key_groups.start for h in overlapping), max(h.key_groups.stop for h in overlapping)), wanted
+            )
+            result.append(
+                ChangelogBackendHandle(
+                    tag=CHANGELOG_V2,
+                    start_key_group=held.start,
+                    num_key_groups=len(held),
+                    checkpointed_size=sum(h.checkpointed_size for h in overlapping),
+                    materialized=parts,
+                    non_materialized=deltas,
+                    materialization_id=max(h.materialization_id for h in overlapping),
+                    checkpoint_id=checkpoint_id,
+                    handle_id=str(uuid.uuid4()),
+                )
+            )
+            continue
         if len(parts) <= 1:
             result.append(parts[0] if parts else None)
             continue

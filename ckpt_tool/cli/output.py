@@ -115,6 +115,7 @@ class RichOutput(Output):
         self._summary(report)
         self._operators(report.operators)
         self._channels(report.operators)
+        self._changelog(report.operators)
         self._files(report.files)
         names = {o.id: o.label for o in report.operators}
         max_parallelism = {o.id: o.max_parallelism for o in report.operators}
@@ -180,6 +181,36 @@ class RichOutput(Output):
         if rows:
             columns = ["operator", "subtask", "direction", "channel", "buffers", "bytes", "file"]
             self._show("Channel state per subtask and channel", columns, rows)
+
+    def _changelog(self, ops: list[OperatorSummary]) -> None:
+        rows = []
+        for o in ops:
+            for s in o.subtasks:
+                changelog = s.changelog
+                if changelog is None:
+                    continue
+                parts = [("materialized", p) for p in changelog.materialized]
+                parts += [("changelog", p) for p in changelog.non_materialized]
+                for part, handle in parts:
+                    files = ", ".join(
+                        (f["file"].rsplit("/", 1)[-1] if f["file"] else "inline") + (f" @{f['offset']}" if f["offset"] else "")
+                        for f in handle.files
+                    )
+                    rows.append(
+                        [
+                            o.label,
+                            str(s.index),
+                            "{}-{} (materialization {})".format(*changelog.key_groups, changelog.materialization_id),
+                            part,
+                            handle.kind,
+                            "{}-{}".format(*handle.key_groups),
+                            human_bytes(handle.bytes),
+                            files or "-",
+                        ]
+                    )
+        if rows:
+            columns = ["operator", "subtask", "key groups", "part", "handle", "handle key groups", "bytes", "files"]
+            self._show("Changelog state backend per subtask", columns, rows)
 
     def _files(self, files: FilesSummary) -> None:
         sizes = " / ".join(human_bytes(v) for v in (files.min_bytes, files.median_bytes, files.max_bytes))

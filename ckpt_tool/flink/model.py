@@ -127,6 +127,10 @@ class ChangelogBackendHandle:
     checkpoint_id: int
     handle_id: str
 
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
+
 
 @dataclass
 class StateChange:
@@ -145,6 +149,10 @@ class InMemoryChangelogHandle:
     changes: list[StateChange]
     handle_id: str
 
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
+
 
 @dataclass
 class ChangelogStreamHandle:
@@ -158,6 +166,10 @@ class ChangelogStreamHandle:
     checkpointed_size: int
     handle_id: str
     storage_identifier: Optional[str]
+
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
 
 
 # --- operator state ---------------------------------------------------------------------------

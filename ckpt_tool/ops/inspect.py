@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaser import read_java_object
-from ckpt_tool.flink.metadata import iter_stream_handles
+from ckpt_tool.flink.metadata import SAVEPOINT_KEY_GROUPS, iter_stream_handles
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
     ByteStreamHandle,
     ChangelogBackendHandle,
+    ChangelogStreamHandle,
     IncrementalKeyedHandle,
+    InMemoryChangelogHandle,
     KeyGroupsHandle,
     OperatorState,
     SubtaskState,
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
 # always empty. The key stays in the output so that readers can rely on all three directions.
 UPSTREAM_OUTPUT = "upstream_output"
 SMALL_FILE_BYTES = 128 * 1024
+# The Flink classes of the keyed handles, as inspect names them.
+FLINK_CLASSES = {
+    KeyGroupsHandle: "KeyGroupsStateHandle",
+    IncrementalKeyedHandle: "IncrementalRemoteKeyedStateHandle",
+    ChangelogStreamHandle: "ChangelogStateHandleStreamImpl",
+    InMemoryChangelogHandle: "InMemoryChangelogStateHandle",
+}
 
 
 @dataclass
@@ -74,11 +83,41 @@ class StateSizes:
 
 
 @dataclass
+class KeyedPart:
+    """One handle inside a changelog state backend handle, named by its Flink class."""
+
+    kind: str
+    key_groups: tuple[int, int]  # inclusive
+    bytes: int  # Flink's getStateSize
+    files: list[dict]  # {"file": where it is now (None: inline), "offset": where its part starts, "bytes": recorded size}
+    checkpointed_bytes: Optional[int] = None  # changelog handles only
+
+
+@dataclass
+class ChangelogSummary:
+    """A subtask's ``ChangelogStateBackendHandle``: materialized state plus the changelog since."""
+
+    key_groups: tuple[int, int]  # inclusive
+    materialization_id: int
+    checkpoint_id: int
+    checkpointed_size: int
+    materialized: list[KeyedPart]
+    non_materialized: list[KeyedPart]
+
+    def as_dict(self) -> dict:
+        result = asdict(self)
+        for part in result["materialized"]:
+            del part["checkpointed_bytes"]
+        return result
+
+
+@dataclass
 class SubtaskSummary:
     index: int
     finished: bool
     channels: list[ChannelSummary]
     state_size: StateSizes
+    changelog: Optional[ChangelogSummary] = None
 
 
 @dataclass
@@ -113,6 +152,7 @@ class OperatorSummary:
                     "finished": s.finished,
                     "state_size": asdict(s.state_size),
                     "channels": [c.as_dict() for c in s.channels],
+                    "changelog": s.changelog.as_dict() if s.changelog else None,
                 }
                 for s in self.subtasks
             ],
@@ -193,6 +233,47 @@ def _keyed_size(handle) -> int:
     return getattr(handle, "state_size", 0)
 
 
+def _key_groups(handle) -> tuple[int, int]:
+    """A handle's key groups, first and last."""
+    return handle.key_groups.start, handle.key_groups.stop - 1
+
+
+def _keyed_part(checkpoint: Checkpoint, handle) -> KeyedPart:
+    """A materialized or changelog handle with where its bytes are."""
+    if isinstance(handle, ChangelogStreamHandle):
+        files = [
+            {"file": checkpoint.location(f), "offset": offset, "bytes": f.size if f else 0}
+            for f, offset in handle.handles_and_offsets
+        ]
+        return KeyedPart(FLINK_CLASSES[type(handle)], _key_groups(handle), handle.state_size, files, handle.checkpointed_size)
+    if isinstance(handle, InMemoryChangelogHandle):
+        size = sum(len(c.change) for c in handle.changes)
+        return KeyedPart(FLINK_CLASSES[type(handle)], _key_groups(handle), size, [], size)
+    if isinstance(handle, KeyGroupsHandle):
+        streams = [handle.delegate]
+    else:
+        streams = [handle.meta] + [p.handle for p in handle.shared + handle.private]
+    located = [{"file": checkpoint.location(f), "offset": 0, "bytes": f.size} for f in streams if f]
+    savepoint = getattr(handle, "tag", None) == SAVEPOINT_KEY_GROUPS
+    kind = "SavepointKeyGroupsStateHandle" if savepoint else FLINK_CLASSES[type(handle)]
+    return KeyedPart(kind, _key_groups(handle), _keyed_size(handle), located)
+
+
+def changelog_summary(checkpoint: Checkpoint, subtask: SubtaskState) -> Optional[ChangelogSummary]:
+    """The subtask's changelog state backend handle (managed keyed state), or None."""
+    handle = subtask.managed_keyed
+    if not isinstance(handle, ChangelogBackendHandle):
+        return None
+    return ChangelogSummary(
+        _key_groups(handle),
+        handle.materialization_id,
+        handle.checkpoint_id,
+        handle.checkpointed_size,
+        [_keyed_part(checkpoint, h) for h in handle.materialized],
+        [_keyed_part(checkpoint, h) for h in handle.non_materialized],
+    )
+
+
 def _state_sizes(subtasks: list[SubtaskState]) -> StateSizes:
     """Bytes of keyed, operator and channel state of the running subtasks among ``subtasks``."""
     live = [s for s in subtasks if not s.finished]
@@ -214,6 +295,7 @@ def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSumma
                 for h in s.channel_handles(direction)
             ],
             _state_sizes([s]),
+            changelog_summary(checkpoint, s),
         )
         for s in op.subtasks
     ]

@@ -1,7 +1,8 @@
 """``ckpt verify``: is a checkpoint sound? Checks for CI, each with the problems it found.
 
 Checks: referenced files exist with their recorded sizes; channel-state headers, offsets and
-buffer lengths; one handle per channel; parallelism within max parallelism; finished markers;
+buffer lengths; one handle per channel; changelog state (change sets decode, key groups);
+parallelism within max parallelism; finished markers;
 replicated buffers (the same buffer bytes held by several subtasks of an operator). With
 ``--plan``/``--schema``: record framing of every logical channel, and with keys, misplaced and
 duplicate records. ``--target-parallelism N`` checks that a rescale to N is possible.
@@ -18,6 +19,7 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.flink.changelog import changelog_handles, read_change_set
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
@@ -147,6 +149,29 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     return [buffers, handles, replicas]
 
 
+def check_changelog(cp: Checkpoint, files_ok: bool) -> CheckResult:
+    """Every change set of every changelog handle decodes inside its file, and every changelog
+    handle's key groups lie inside its state backend handle's."""
+    result = CheckResult("changelog", "changelog state: change sets decode, key groups inside the subtask's", unusable=True)
+    read: dict[int, bytes] = {}
+    for operator, subtask, backend, handle in changelog_handles(cp.metadata):
+        own, held = handle.key_groups, backend.key_groups
+        if not held.start <= own.start <= own.stop <= held.stop:
+            message = f"changelog key groups {own.start}-{own.stop - 1} outside its state handle's {held.start}-{held.stop - 1}"
+            result.problems.append(Problem("changelog", message, operator, subtask))
+        for file, offset in handle.handles_and_offsets:
+            if file is None or (not files_ok and not isinstance(file, ByteStreamHandle)):
+                continue
+            source = cp.location(file) or "inline changelog"
+            try:
+                if id(file) not in read:
+                    read[id(file)] = cp.handle_bytes(file)
+                read_change_set(read[id(file)], offset, source)
+            except CkptError as exc:
+                result.problems.append(Problem("changelog", str(exc), operator, subtask))
+    return result
+
+
 def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
         "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
@@ -246,7 +271,12 @@ def verify(session: Session, target: Optional[int] = None, strict: bool = False)
     """Every check, in order. ``strict``: a check that could not run fails."""
     cp = session.checkpoint
     files = check_files(cp)
-    checks = [files, *check_channel_state(cp, not files.problems), *check_parallelism_and_finished(cp, session.plan)]
+    checks = [
+        files,
+        *check_channel_state(cp, not files.problems),
+        check_changelog(cp, not files.problems),
+        *check_parallelism_and_finished(cp, session.plan),
+    ]
     usable = not any(c.problems for c in checks if c.unusable)
     checks += check_records(session, usable)
     checks.append(check_target(session, target))
