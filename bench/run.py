@@ -16,6 +16,10 @@
    (fixtures/java/v2.3/CountingFileSystem.java: the local file system, counting each file's bytes
    read) from which the restore reads the checkpoint. Recovery time: from the job's submission to
    its first completed checkpoint (Flink completes none while it recovers in-flight data).
+5. On a Spark cluster (--cluster-gib, default 1): the rescale of 1. with the default engine, then
+   with `--spark-master` on a standalone cluster of two one-core workers on this machine
+   (fixtures/spark_cluster.py, as tests/test_spark_cluster.py starts it); `cluster_ratio_vs_local`
+   is the cluster's time over the local one. `--cluster-only` runs this part alone.
 
 The last line holds every figure as name=value.
 """
