@@ -16,6 +16,10 @@
    (fixtures/java/v2.3/CountingFileSystem.java: the local file system, counting each file's bytes
    read) from which the restore reads the checkpoint. Recovery time: from the job's submission to
    its first completed checkpoint (Flink completes none while it recovers in-flight data).
+5. On a Spark cluster (--cluster-gib, default 1): the rescale of 1. with the default engine, then
+   with `--spark-master` on a standalone cluster of two one-core workers on this machine
+   (fixtures/spark_cluster.py, as tests/test_spark_cluster.py starts it); `cluster_ratio_vs_local`
+   is the cluster's time over the local one. `--cluster-only` runs this part alone.
 
 The last line holds every figure as name=value.
 """
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
@@ -37,6 +42,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
 from generate import FIXTURE, SCHEMA, generate  # noqa: E402
 
 import flink_env  # noqa: E402
+from spark_cluster import descendants, driver_environment, executor_args, running_cluster  # noqa: E402
 
 CKPT = [str(Path(sys.executable).parent / "ckpt")]
 INPUTS = ["--plan", str(FIXTURE / "plan.json"), "--schema", str(SCHEMA)]
@@ -53,28 +59,15 @@ def _rss_mb(pid: int) -> int:
     return 0
 
 
-def _descendants(pid: int) -> list[int]:
-    """The process and every process below it (worker processes, Spark's JVM)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            todo += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def timed(command: list[str]) -> tuple[float, int, str]:
+def timed(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (MiB) of the command with everything it started, and its stdout."""
     subprocess.run(["sync"], check=True)  # each timed command starts with no dirty pages to write
     start = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as output:  # not a pipe: a large output must not block
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL, text=True)
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL, text=True, env=env)
         peak = 0
         while process.poll() is None:
-            peak = max(peak, sum(_rss_mb(p) for p in _descendants(process.pid)))
+            peak = max(peak, sum(_rss_mb(p) for p in descendants(process.pid)))
             time.sleep(0.05)
         elapsed = time.perf_counter() - start
         output.seek(0)
@@ -176,13 +169,51 @@ def against_flink(work: Path, gib: float) -> dict:
     }
 
 
+def against_cluster(work: Path, gib: float) -> dict:
+    """The rescale of ``bench_size`` (64 -> 48) with the default engine on this machine, then on a
+    Spark standalone cluster of two one-core workers on this machine (fixtures/spark_cluster.py),
+    started before the timed run; the timed run includes the Spark application's start, its
+    executors' start and the probe. The executor bundle is built before (it is cached across runs)."""
+    from ckpt_tool.engine.shipping import executor_bundle
+
+    base = work / "cluster"
+    source = base / "src" / "job" / "chk-3"
+    generate(source, 64, int(gib * GIB))
+    executor_bundle()
+    local_s, _, out = timed([*CKPT, "rescale", str(source), str(base / "local" / "job" / "chk-3"), "-p", "48", "--json", *INPUTS])
+    local_engine = json.loads(out)["engine"]
+    with running_cluster(base / "spark") as cluster:
+        on_cluster = [*CKPT, "rescale", str(source), str(base / "out" / "job" / "chk-3"), "-p", "48", "--json", *INPUTS,
+                      "--spark-master", cluster.url, *executor_args()]  # fmt: skip
+        cluster_s, _, out = timed(on_cluster, env=driver_environment())
+    report = json.loads(out)
+    if report["engine"] != "spark" or report["records_out"] != report["records_in"]:
+        raise RuntimeError(f"the rescale on the cluster did not run as expected: {report}")
+    shutil.rmtree(base, ignore_errors=True)
+    return {"local_s": local_s, "local_engine": local_engine, "cluster_s": cluster_s, "ratio": cluster_s / local_s}
+
+
+def cluster_line(gib: float, cluster: dict) -> str:
+    return (
+        f"cluster_gib={gib} local_s={cluster['local_s']:.2f} local_engine={cluster['local_engine']} "
+        f"cluster_s={cluster['cluster_s']:.2f} cluster_ratio_vs_local={cluster['ratio']:.1f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1, 4], help="GiB of channel state")
     parser.add_argument("--flink-gib", type=float, default=0.1, help="GiB of channel state for the Flink comparison")
+    parser.add_argument("--cluster-gib", type=float, default=1, help="GiB of channel state for the cluster comparison")
+    parser.add_argument("--cluster-only", action="store_true", help="only the comparison of the cluster with this machine")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
         work = Path(tmp)
+        if args.cluster_only:
+            cluster = against_cluster(work, args.cluster_gib)
+            print(cluster_line(args.cluster_gib, cluster), flush=True)
+            print(f"cluster_ratio_vs_local={cluster['ratio']:.1f}")
+            return 0
         rows = [bench_size(work, gib, gib == max(args.sizes)) for gib in args.sizes]
         for r in rows:
             print(
@@ -207,13 +238,16 @@ def main() -> int:
             f"ckpt_recovery_s={flink['ckpt_recovery_s']:.1f} ckpt_rescale_s={flink['ckpt_rescale_s']:.1f}",
             flush=True,
         )
+        cluster = against_cluster(work, args.cluster_gib)
+        print(cluster_line(args.cluster_gib, cluster), flush=True)
         print(
             f"max_ratio_vs_cp={max(r['ratio_vs_cp'] for r in rows):.1f} ratio_vs_cp={largest['ratio_vs_cp']:.1f} "
             f"verify_ratio_vs_cp={largest['verify_ratio_vs_cp']:.1f} verify_rss_mb={largest['verify_rss_mb']} "
             f"inspect_10k_s={inspect_s:.2f} peak_rss_mb={max(r['peak_rss_mb'] for r in rows)} "
             f"inflation={max(r['inflation'] for r in rows):.2f} "
             f"native_restore_read_x={flink['native_restore_read_x']:.2f} ckpt_restore_read_x={flink['ckpt_restore_read_x']:.2f} "
-            f"native_recovery_s={flink['native_recovery_s']:.1f} ckpt_recovery_s={flink['ckpt_recovery_s']:.1f}"
+            f"native_recovery_s={flink['native_recovery_s']:.1f} ckpt_recovery_s={flink['ckpt_recovery_s']:.1f} "
+            f"cluster_ratio_vs_local={cluster['ratio']:.1f}"
         )
     return 0
 

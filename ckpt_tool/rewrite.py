@@ -285,7 +285,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     routed: list[RoutedFile] = engine.map(
         lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
     )
-    discard_other_attempts(dst, tasks, routed)  # files of failed, lost or speculative attempts on Spark
+    # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
+    discard_other_attempts(dst, tasks, routed)
     report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
     for written in routed:
@@ -309,6 +310,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     report.dropped = _dropped_report(dropped, source, engine)
     report.files_written = len(routed) + len(files)
     report.leftovers_removed = len(claim.leftovers_removed)
+    discard_other_attempts(dst, tasks, routed)  # the last sweep: an attempt Spark lost track of may write late
     write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed), claim)
     return report
 

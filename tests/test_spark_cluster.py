@@ -1,171 +1,36 @@
-"""ckpt on a real Spark standalone cluster: a master and two workers on 127.0.0.1, started with
-pyspark's own ``spark-class``. The workers run a Python environment of their own that holds
-pyspark only, in a mount namespace where the repository and the driver's virtualenv are hidden
-(empty tmpfs mounts over them): whatever ckpt needs there, it ships itself. Real Flink restores
-what the cluster wrote with the exact count."""
+"""ckpt on a real Spark standalone cluster (fixtures/spark_cluster.py): a master and two workers on
+127.0.0.1 and 127.0.0.2, whose Python holds pyspark only and who see neither the repository nor
+the driver's virtualenv: whatever ckpt needs there, it ships itself. Real Flink restores what the
+cluster wrote with the exact count."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import flink_env
 from catalog import COUNTJOB_SCHEMA, fixture_named
+from spark_cluster import REPOSITORY, descendants, driver_environment, executor_args, free_port, isolated, running_cluster
 
-REPOSITORY = Path(__file__).resolve().parent.parent
 FIXTURE = fixture_named("flink23-hashmap-p2")
 CKPT = Path(sys.executable).parent / "ckpt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def workers_python() -> Path:
-    """A virtualenv holding pyspark only (this driver's pyspark version), cached outside the
-    repository; the workers and their executors run it."""
-    import pyspark
-
-    python = getattr(sys, "_base_executable", sys.executable)
-    home = Path(os.environ.get("CKPT_SPARK_WORKERS_CACHE") or Path.home() / ".cache" / "ckpt-spark-workers")
-    venv = home / f"pyspark-{pyspark.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}"
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv / ".ready").exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([python, "-m", "venv", str(venv)], check=True)
-            subprocess.run(
-                [str(venv / "bin" / "pip"), "install", "--quiet", f"pyspark=={pyspark.__version__}"],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
-            (venv / ".ready").touch()
-    return venv
-
-
-def hidden_paths() -> list[str]:
-    """What the workers must not see: the repository and the driver's virtualenv."""
-    paths = [str(REPOSITORY)]
-    if not Path(sys.prefix).resolve().is_relative_to(REPOSITORY):
-        paths.append(sys.prefix)
-    return paths
-
-
-def isolated(command: list[str]) -> list[str]:
-    """``command`` in its own mount namespace, with empty tmpfs mounts over hidden_paths()."""
-    mounts = " && ".join(f"mount -t tmpfs ckpt-hidden '{p}'" for p in hidden_paths())
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh", *command]
-
-
-class Cluster:
-    def __init__(self, root: Path):
-        self.root = root
-        self.venv = workers_python()
-        self.spark_home = next((self.venv / "lib").glob("python*/site-packages/pyspark"))
-        self.port, self.web = free_port(), free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.work_dirs = [root / f"worker{i}" for i in (1, 2)]
-        self.processes: list[subprocess.Popen] = []
-        self.env = {
-            "PATH": f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": os.environ.get("HOME", "/root"),
-            "SPARK_HOME": str(self.spark_home),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOG_DIR": str(root / "logs"),
-            "SPARK_DAEMON_MEMORY": "256m",
-            **({"JAVA_HOME": os.environ["JAVA_HOME"]} if os.environ.get("JAVA_HOME") else {}),
-        }
-
-    def spawn(self, name: str, *args: str) -> None:
-        command = isolated([str(self.spark_home / "bin" / "spark-class"), *args])
-        with open(self.root / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
-            process = subprocess.Popen(
-                command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.processes.append(process)
-
-    def start(self) -> None:
-        self.spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--webui-port", str(self.web))  # fmt: skip
-        for number, work in enumerate(self.work_dirs, start=1):
-            work.mkdir()
-            self.spawn(f"worker{number}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                       "--memory", "1g", "--work-dir", str(work), "--webui-port", str(free_port()), self.url)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while self.state().get("aliveworkers") != 2:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
-                raise RuntimeError(f"the cluster did not start: {self.state()}; logs in {self.root}")
-            time.sleep(0.5)
-
-    def state(self) -> dict:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.web}/json/", timeout=5) as answer:
-                return json.load(answer)
-        except OSError:
-            return {}
-
-    def settled_state(self, seconds: float = 15) -> dict:
-        """The master's state once no application is active (an application ends as its driver stops)."""
-        deadline = time.monotonic() + seconds
-        while (state := self.state()).get("activeapps") and time.monotonic() < deadline:
-            time.sleep(0.5)
-        return state
-
-    def executor_logs(self) -> dict[Path, str]:
-        return {log: log.read_text(errors="replace") for work in self.work_dirs for log in work.glob("app-*/*/stderr")}
-
-    def executor_pids(self) -> dict[int, Path]:
-        """The executors' JVMs, by pid, with their working directories."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and b"CoarseGrainedExecutorBackend" in (entry / "cmdline").read_bytes():
-                    found[int(entry.name)] = Path(os.readlink(entry / "cwd"))
-            except OSError:
-                continue
-        return {pid: cwd for pid, cwd in found.items() if any(cwd.is_relative_to(w) for w in self.work_dirs)}
-
-    def stop(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for process in self.processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # what is left of the group (executors, Python workers)
-            except ProcessLookupError:
-                pass
-            process.wait()
+sys.path.insert(0, str(REPOSITORY / "bench"))
+from generate import generate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("spark-cluster"))
-    try:
-        cluster.start()
+    with running_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -177,22 +42,16 @@ def source(tmp_path_factory) -> Path:
 
 
 def run_ckpt(*args, timeout: float = 300, background: bool = False, **kwargs):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_HOME", "PYTHONPATH")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
     command = [str(CKPT), *map(str, args)]
+    env = driver_environment()
     if background:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-# small executors that start sooner (their JVM only feeds Python workers), as the driver's
-EXECUTORS = ("spark.executor.memory=512m", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-
-
 def rescale_args(src, dst, master, *conf: str) -> list:
-    confs = [x for c in (*EXECUTORS, *conf) for x in ("--conf", c)]
     return ["rescale", src, dst, "--parallelism", 3, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA,
-            "--spark-master", master, *confs, "--json"]  # fmt: skip
+            "--spark-master", master, *executor_args(*conf), "--json"]  # fmt: skip
 
 
 def attempt_files(directory: Path) -> set[str]:
@@ -231,45 +90,121 @@ def test_rescale_on_the_cluster_restores_exactly(cluster, source, tmp_path):
     assert_restores_exactly(dst)
 
 
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> tuple[Path, dict]:
+    """A checkpoint of the bench's generator at parallelism 6 whose rescale to 3 has three route
+    tasks of about 8 MB each: on the pure record path, each writes its file for seconds."""
+    checkpoint = tmp_path_factory.mktemp("generated") / "job" / "chk-3"
+    return checkpoint, generate(checkpoint, 6, 36_000_000)
+
+
+PURE = "spark.executorEnv.CKPT_FRAMING=python"  # the slower record path: longer route tasks
+
+
+def attempt_id(name: str) -> str:
+    return name.rsplit("-attempt-", 1)[1]
+
+
+def first_attempt(cluster, process, dst: Path) -> tuple[int, str]:
+    """The first route attempt seen writing its file in ``dst``: its executor's pid, and the file."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        for name in sorted(attempt_files(dst)):
+            pid = cluster.executor_running(attempt_id(name))
+            if pid is not None:
+                return pid, name
+        time.sleep(0.02)
+    raise AssertionError(f"no route attempt was seen writing in {dst}: {process.poll()=}")
+
+
+def referenced_files(checkpoint: Path) -> set[str]:
+    inspected = json.loads(run_ckpt("inspect", checkpoint, "--json", "--engine", "local").stdout)
+    channels = [c for o in inspected["operators"] for s in o["subtasks"] for c in s["channels"]]
+    return {Path(c["file"]).name for c in channels if c["file"] and "ckpt-inflight-" in c["file"]}
+
+
+def assert_only_winners_left(dst: Path, loser: str) -> None:
+    final = attempt_files(dst)
+    assert loser not in final, "the losing attempt's file is still there"
+    assert final == referenced_files(dst), "DST holds files _metadata does not reference"
+    tasks = {name.rsplit("-attempt-", 1)[0] for name in final}
+    assert len(tasks) == len(final) == 3, f"not one file per route task: {sorted(final)}"
+
+
 @pytest.mark.flink
-def test_a_lost_executor_mid_rescale_is_retried_and_its_files_removed(cluster, source, tmp_path):
-    """Also: executors whose compiled record-path module does not load (here: CKPT_FRAMING=python
-    makes them not try) run the pure one, and the report says so."""
+def test_a_lost_executor_mid_rescale_is_retried_and_its_files_removed(cluster, generated, tmp_path):
+    """The executor writing the first route attempt's file is killed while it writes: Spark reruns
+    the task elsewhere, and only the winners' files are left. Also: executors whose compiled
+    record-path module does not load (here: CKPT_FRAMING=python makes them not try) run the pure
+    one, and the report says so."""
+    source, info = generated
     dst = tmp_path / "rescaled" / "job" / source.name
-    pause = "spark.executorEnv.CKPT_TEST_PAUSE_AFTER_WRITE=6"  # each route task waits after writing its file
-    pure = "spark.executorEnv.CKPT_FRAMING=python"
-    process = run_ckpt(*rescale_args(source, dst, cluster.url, pause, pure), background=True)
-    seen: set[str] = set()
-    killed = None
+    process = run_ckpt(*rescale_args(source, dst, cluster.url, PURE), background=True)
     try:
-        deadline = time.monotonic() + 180
-        while killed is None and time.monotonic() < deadline and process.poll() is None:
-            seen |= attempt_files(dst)
-            if seen:
-                name = sorted(seen)[0]
-                tid = name.rsplit("-attempt-", 1)[1]
-                for pid, cwd in cluster.executor_pids().items():
-                    log = cwd / "stderr"
-                    if log.exists() and f"(TID {tid})" in log.read_text(errors="replace"):
-                        os.kill(pid, signal.SIGKILL)  # the executor that wrote ``name`` dies in its pause
-                        killed = (pid, name)
-                        break
-            time.sleep(0.2)
+        pid, name = first_attempt(cluster, process, dst)
+        os.kill(pid, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
-    assert killed, f"no executor was killed (files seen: {seen})"
     assert process.returncode == 0, stderr
-    final = attempt_files(dst)
-    assert killed[1] not in final, "the lost attempt's file is still there"
-    tasks = {name.rsplit("-attempt-", 1)[0] for name in final}
-    assert len(tasks) == len(final), f"more than one attempt's file of a task: {sorted(final)}"
+    assert_only_winners_left(dst, name)
     report = json.loads(stdout)
-    assert report["files_written"] >= len(final) and report["records_out"] == report["records_in"] > 0
+    assert report["files_written"] >= 3 and report["records_out"] == report["records_in"] > 0
     assert len(report["warnings"]) == 1 and "pure NumPy/Python record path" in report["warnings"][0]
     assert "ckpt: warning: executors on" in stderr
-    assert_restores_exactly(dst)
+    assert flink_env.restore_count("2.3.0", dst, 3, backend="hashmap") == info["expected_count"]
+
+
+# a running task gets a copy on another host as soon as it takes longer than the others
+SPECULATION = ("spark.speculation=true", "spark.speculation.interval=100ms", "spark.speculation.quantile=0.1",
+               "spark.speculation.multiplier=1.1", "spark.speculation.minTaskRuntime=1s",
+               "spark.speculation.efficiency.enabled=false")  # fmt: skip
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.flink
+def test_a_speculative_copy_wins_and_ckpt_waits_for_the_late_attempt(cluster, generated, tmp_path):
+    """The executor writing the first route attempt's file is frozen (SIGSTOP, with its Python
+    workers) mid-write: Spark runs a speculative copy on the other worker, which wins. While the
+    frozen attempt still runs, ckpt writes no ``_metadata``; thawed, it is killed (or ends), and
+    DST holds exactly the files ``_metadata`` references."""
+    source, info = generated
+    dst = tmp_path / "rescaled" / "job" / source.name
+    process = run_ckpt(*rescale_args(source, dst, cluster.url, PURE, *SPECULATION), background=True)
+    frozen: list[int] = []
+    try:
+        pid, name = first_attempt(cluster, process, dst)
+        frozen = descendants(pid)
+        signal_all(frozen, signal.SIGSTOP)
+        task = name.rsplit("-attempt-", 1)[0]
+        deadline = time.monotonic() + 120
+        sizes: list[dict] = []  # DST's attempt files and their sizes, each second
+        while len(sizes) < 4 or len({json.dumps(s) for s in sizes[-4:]}) > 1:  # until unchanged for 3 s
+            assert time.monotonic() < deadline and process.poll() is None, "ckpt did not wait"
+            sizes.append({n: (dst / n).stat().st_size for n in attempt_files(dst)})
+            time.sleep(1)
+        copies = [n for n in sizes[-1] if n.startswith(task) and n != name]
+        assert copies, f"no speculative copy of {name} ran: {sorted(sizes[-1])}"
+        assert not (dst / "_metadata").exists() and process.poll() is None, "ckpt did not wait for the frozen attempt"
+        signal_all(frozen, signal.SIGCONT)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    report = json.loads(stdout)
+    assert report["records_out"] == report["records_in"] > 0
+    assert_only_winners_left(dst, name)
+    assert flink_env.restore_count("2.3.0", dst, 3, backend="hashmap") == info["expected_count"]
 
 
 def test_an_unreachable_master_fails_at_once_naming_it(source, tmp_path):
@@ -334,7 +269,7 @@ def test_errors_on_executors_are_ckpt_errors_and_every_command_stops_spark(clust
     remote = run_ckpt(*rescale_args(corrupt, tmp_path / "cluster" / "chk", cluster.url))
     assert local.returncode == remote.returncode == 2, remote.stderr
     assert remote.stderr == local.stderr and len(remote.stderr.splitlines()) == 1 and "runs past the end" in remote.stderr
-    on_cluster = ["--spark-master", cluster.url, *[x for c in EXECUTORS for x in ("--conf", c)], "--json"]
+    on_cluster = ["--spark-master", cluster.url, *executor_args(), "--json"]
     described = ["--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA]
     inspected = run_ckpt("inspect", source, *described, *on_cluster)
     assert inspected.returncode == 0, inspected.stderr

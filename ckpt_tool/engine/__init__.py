@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ def _apply_pickled(function: bytes, item):
 # and the serial collector start it seconds sooner on a small machine. --conf overrides this.
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 QUIET_LOGGING = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
+PYTHON_KILL_TIMEOUT = "spark.python.task.killTimeout"
+ATTEMPT_POLL_SECONDS = 0.05
 
 
 def executor_environment() -> dict[str, str]:
@@ -183,6 +186,7 @@ class SparkEngine(Engine):
         self._starting: Optional[Future] = None
         self.warnings: list[str] = []
         self.executors: list = []  # on a cluster: what the probe found on each executor core
+        self._jobs = 0  # maps run, naming each one's job group
 
     def start(self) -> None:
         """Start Spark in the background, so that its start-up overlaps the driver's own work."""
@@ -264,6 +268,9 @@ class SparkEngine(Engine):
             return []
         sc = self.context
         slices = len(items) if one_per_partition else min(len(items), max(2, sc.defaultParallelism * 4))
+        self._jobs += 1
+        group = f"ckpt-map-{self._jobs}"
+        sc.setJobGroup(group, "ckpt")
         try:
             results = sc.parallelize(items, slices).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
@@ -271,9 +278,38 @@ class SparkEngine(Engine):
 
             where = f" (Spark's log: {self.log})" if self.log else ""
             raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {_last_line(exc)}") + where) from exc
+        _wait_for_attempts(sc, group)
         if progress:
             progress(len(items), len(items))
         return results
+
+
+def _wait_for_attempts(sc, group: str) -> None:
+    """Return once no attempt of the job group's tasks still runs. A job completes with the first
+    successful attempt of each task, while a speculative copy, or an attempt Spark gave up on, may
+    still run and write. Spark may end a killed attempt before its Python worker, which PySpark
+    destroys ``spark.python.task.killTimeout`` later: where Spark speculates or an attempt was still
+    running or failed, that long is waited on top."""
+    tracker = sc.statusTracker()
+
+    def jobs() -> list:
+        return [job for job in map(tracker.getJobInfo, tracker.getJobIdsForGroup(group)) if job is not None]
+
+    while any(job.status == "RUNNING" for job in jobs()):  # Spark's listener has yet to see the job end
+        time.sleep(ATTEMPT_POLL_SECONDS)
+    stages = [stage for job in jobs() for stage in job.stageIds]
+
+    def running_and_failed() -> tuple[int, int]:
+        infos = [info for info in map(tracker.getStageInfo, stages) if info is not None]
+        return sum(i.numActiveTasks for i in infos), sum(i.numFailedTasks for i in infos)
+
+    running, failed = running_and_failed()
+    stragglers = running > 0 or failed > 0 or sc.getConf().get("spark.speculation", "false").lower() == "true"
+    while running:
+        time.sleep(ATTEMPT_POLL_SECONDS)
+        running, _ = running_and_failed()
+    if stragglers:
+        time.sleep(sc._jsc.sc().conf().getTimeAsMs(PYTHON_KILL_TIMEOUT, "2s") / 1000)
 
 
 def _last_line(exc: Exception) -> str:

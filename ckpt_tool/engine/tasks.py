@@ -16,9 +16,7 @@ returns small figures.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -155,7 +153,8 @@ ATTEMPT = "-attempt-"
 def attempt_file_name(file_name: str) -> str:
     """The name this attempt of a task writes: on Spark, which retries failed tasks and may run
     speculative copies, every attempt writes a file of its own (``<name>-attempt-<id>``); the
-    driver references the winner's and removes the others (``discard_other_attempts``)."""
+    driver references the winner's and, once no attempt runs any more, removes the others
+    (``discard_other_attempts``)."""
     if "pyspark" in sys.modules:
         from pyspark import TaskContext
 
@@ -254,9 +253,6 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
 
         writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
     result.file_size = writer.size
-    pause = os.environ.get("CKPT_TEST_PAUSE_AFTER_WRITE")  # tests: an attempt that wrote, then is lost
-    if pause:
-        time.sleep(float(pause))
     result.placed = {
         target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
         for target, p in writer.placements.items()
