@@ -19,7 +19,18 @@ import pytest
 
 import flink_env
 from catalog import COUNTJOB_SCHEMA, fixture_named
-from spark_cluster import REPOSITORY, descendants, driver_environment, executor_args, free_port, isolated, running_cluster
+from spark_cluster import (
+    REPOSITORY,
+    another_python_minor,
+    descendants,
+    driver_environment,
+    executor_args,
+    free_port,
+    isolated,
+    python_minor,
+    running_cluster,
+    workers_python,
+)
 
 FIXTURE = fixture_named("flink23-hashmap-p2")
 CKPT = Path(sys.executable).parent / "ckpt"
@@ -229,19 +240,21 @@ def test_a_cluster_that_runs_no_task_fails_naming_the_master(cluster, source, tm
     assert not cluster.settled_state()["activeapps"]
 
 
-def test_pyspark_refusing_another_python_is_one_line_naming_both_versions():
-    """PySpark's own refusal of executors whose Python differs from the driver's, as PySpark words
-    it, becomes ckpt's line (no second Python minor version is at hand to start a worker with)."""
-    from pyspark.errors import PySparkRuntimeError
-
-    from ckpt_tool.engine.shipping import explain
-
-    refusal = PySparkRuntimeError(
-        errorClass="PYTHON_VERSION_MISMATCH", messageParameters={"worker_version": "3.12", "driver_version": "3.11"}
-    )
-    line = explain("spark://h:7077", f"Job aborted due to stage failure: ...\n{refusal}\n\tat ...")
-    assert line is not None and "\n" not in line
-    assert "spark://h:7077" in line and "Python 3.12" in line and "Python 3.11" in line
+def test_executors_on_another_python_minor_are_refused_naming_both_versions(cluster, source, tmp_path):
+    """The executors start their Python workers with another minor version (a pyspark-only
+    environment of it, given as PYSPARK_PYTHON): PySpark refuses them, ckpt says so in one line
+    naming both versions, exit 2, and writes nothing."""
+    other = workers_python(another_python_minor())
+    dst = tmp_path / "out" / "job" / "chk-1"
+    command = [str(CKPT), *map(str, rescale_args(source, dst, cluster.url))]
+    env = {**driver_environment(), "PYSPARK_PYTHON": str(other / "bin" / "python")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    theirs, ours = python_minor(str(other / "bin" / "python")), python_minor(sys.executable)
+    assert cluster.url in line and f"Python {theirs}" in line and f"Python {ours}" in line
+    assert not (dst / "_metadata").exists() and not attempt_files(dst)
 
 
 def corrupt_copy(source: Path, directory: Path) -> Path:
