@@ -29,7 +29,9 @@ class PathMapping:
 
     Flink's handles may hold absolute paths into the job's checkpoint directory:
     ``…/<job>/chk-7/<uuid>`` (exclusive), ``…/<job>/shared/<uuid>`` (RocksDB incremental) and
-    ``…/<job>/taskowned/<uuid>``. A checkpoint copied elsewhere keeps those paths; the original
+    ``…/<job>/taskowned/<uuid>``; with file merging (FLIP-306) one directory deeper:
+    ``…/<job>/shared/job_<id>_op_<op>_<subtask>_<parallelism>/<uuid>`` and
+    ``…/<job>/taskowned/job_<id>_tm_<tm>/<uuid>``. A checkpoint copied elsewhere keeps those paths; the original
     ``chk-<id>`` directory is found at the checkpoint's current location, and anything else under
     the original job directory at the same place under the checkpoint's current parent.
     """
@@ -42,7 +44,7 @@ class PathMapping:
     def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> PathMapping:
         paths = [normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))]
         exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
-        job_owned = re.compile(r"^(.*)/(shared|taskowned)/[^/]+$")
+        job_owned = re.compile(r"^(.*)/(shared|taskowned)/([^/]+/)?[^/]+$")
         for pattern in (exclusive, job_owned):  # a file inside the checkpoint directory says most
             for path in paths:
                 match = pattern.match(path)
