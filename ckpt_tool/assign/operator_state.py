@@ -30,7 +30,7 @@ class OperatorStateError(CkptError):
     """Operator state that ckpt cannot reassign."""
 
 
-def _split(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
+def split_elements(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
     """(header, elements per state name) of one operator-state file."""
     ends = sorted({o for s in handle.states for o in s.offsets} | {len(data)})
     following = {start: end for start, end in zip(ends, ends[1:])}
@@ -49,7 +49,7 @@ def reassign_operator_state(
     elements: list[dict[str, list[bytes]]] = []
     modes: dict[str, int] = {}
     for handle in old:
-        header, by_name = _split(checkpoint.handle_bytes(handle.delegate), handle)
+        header, by_name = split_elements(checkpoint.handle_bytes(handle.delegate), handle)
         headers.add(header)
         elements.append(by_name)
         for state in handle.states:
