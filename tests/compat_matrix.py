@@ -38,6 +38,8 @@ def version_fixtures(prefixes: list[str]) -> list:
             continue
         if info.get("snapshot"):  # savepoints and aligned checkpoints: no in-flight data
             continue
+        if info.get("feature"):  # a state feature switched on (file merging): not the version's plain checkpoint
+            continue
         if prefixes and not any(info["flink_version"].startswith(p) for p in prefixes):
             continue
         chosen.setdefault(info["flink_version"], fixture)
