@@ -142,3 +142,33 @@ def test_output_restores_with_exact_count(file_merging, operation, tmp_path, rec
     parallelism = 3 if operation == "rescale" else info["parallelism"]
     count = flink_env.restore_count(info["flink_version"], moved, parallelism, FILE_MERGING_ON, backend=info["backend"])
     assert count == info["source_records"]
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "rescale", "repair"])
+def test_truncated_physical_file_is_refused(ckpt, tmp_path, command):
+    """A physical file shorter than a segment in it: exit 2 and one line (verify: the report says
+    unusable), nothing written."""
+    fixture = next(f for f in FILE_MERGING if f.info["flink_version"] == "2.3.0" and f.info["backend"] == "hashmap")
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    segments = [h for h in iter_stream_handles(Checkpoint.open(str(checkpoint)).metadata) if isinstance(h, SegmentFileHandle)]
+    last = max(segments, key=lambda h: h.start + h.size)
+    with open(Checkpoint.open(str(checkpoint)).file_location(last), "r+b") as physical:
+        physical.truncate(last.start + last.size - 1)
+    destination = tmp_path / "out"
+    inputs = ["--engine", "local", "--schema", fixture.schema, "--plan", fixture.plan]
+    args = {
+        "inspect": ["inspect", checkpoint],
+        "verify": ["verify", checkpoint, "--engine", "local"],
+        "rescale": ["rescale", checkpoint, destination, "-p", "3", *inputs],
+        "repair": ["repair", checkpoint, destination, *inputs],
+    }[command]
+    code, out, err = ckpt(*args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err + out
+    if command == "verify" and out:
+        assert "unusable" in out and "ends at" in out
+    else:
+        assert len(err.strip().splitlines()) == 1 and err.startswith("ckpt: error: ")
+    assert not destination.exists()

@@ -110,19 +110,25 @@ class Checkpoint:
         return sorted({uri for uri in found if uri is not None})
 
     def file_problems(self) -> Iterator[str]:
-        """One message per referenced file that is missing or not the size ``_metadata`` records."""
+        """One message per referenced file that is missing, not the size ``_metadata`` records or,
+        for file merging's physical files, shorter than a segment it holds."""
         recorded: dict[str, int] = {}
+        segment_ends: dict[str, int] = {}
         for handle in iter_stream_handles(self.metadata):
             if isinstance(handle, (FileHandle, RelativeFileHandle)):
                 recorded[self.file_location(handle)] = handle.size
+            elif isinstance(handle, SegmentFileHandle):
+                uri = self.file_location(handle)
+                segment_ends[uri] = max(segment_ends.get(uri, 0), handle.start + handle.size)
         for uri in self.referenced_files():
             if not self.io.exists(uri):
                 yield f"{uri} is missing: the checkpoint's _metadata references it"
                 continue
-            expected = recorded.get(uri, -1)
-            actual = self.io.size(uri) if expected >= 0 else expected
-            if actual != expected:
-                yield f"{uri} has {actual} bytes, but the checkpoint's _metadata records {expected}"
+            if uri in recorded and self.io.size(uri) != recorded[uri]:
+                yield f"{uri} has {self.io.size(uri)} bytes, but the checkpoint's _metadata records {recorded[uri]}"
+            elif uri in segment_ends and self.io.size(uri) < segment_ends[uri]:
+                end = segment_ends[uri]
+                yield f"{uri} has {self.io.size(uri)} bytes, but a segment the checkpoint's _metadata records ends at {end}"
 
     def refuse_escaping_links(self) -> None:
         """A referenced file inside the job directory that is a symbolic link out of it (to
