@@ -72,7 +72,10 @@ def test_state_is_in_segments_as_flink_reads_it(file_merging):
     fixture = file_merging
     """Keyed, operator and channel state are segments; the handle classes are those Flink's
     reader names (expected.json, from Flink's own classes)."""
-    metadata = Checkpoint.open(str(fixture.checkpoint)).metadata
+    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    # Flink wrote absolute paths under /tmp; each is read from the fixture's own copy
+    assert all(uri.startswith(str(fixture.directory) + "/") for uri in checkpoint.referenced_files())
+    metadata = checkpoint.metadata
     flink = fixture.expected["state_handles"]
     keyed = [s.managed_keyed for op in metadata.operators for s in op.subtasks if s.managed_keyed]
     assert dict(Counter(KEYED_CLASSES[type(h)] for h in keyed)) == flink["managed_keyed"]
