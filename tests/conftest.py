@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 
-from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, IN_FLIGHT, RESTORABLE, SNAPSHOTS
+from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, FILE_MERGING, IN_FLIGHT, RESTORABLE, SNAPSHOTS
 
 
 def pytest_generate_tests(metafunc):
@@ -24,6 +24,8 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("inflight", IN_FLIGHT, ids=[f.name for f in IN_FLIGHT])
     if "snapshot" in metafunc.fixturenames:
         metafunc.parametrize("snapshot", SNAPSHOTS, ids=[f.name for f in SNAPSHOTS])
+    if "file_merging" in metafunc.fixturenames:
+        metafunc.parametrize("file_merging", FILE_MERGING, ids=[f.name for f in FILE_MERGING])
     if "captured" in metafunc.fixturenames:
         metafunc.parametrize("captured", CAPTURED, ids=[f.name for f in CAPTURED])
     if "restorable" in metafunc.fixturenames:

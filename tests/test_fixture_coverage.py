@@ -6,7 +6,13 @@ from collections import defaultdict
 
 from catalog import ALL_FIXTURES
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import ChangelogBackendHandle, IncrementalKeyedHandle, KeyGroupsHandle, MergedChannelStateHandle
+from ckpt_tool.flink.model import (
+    ChangelogBackendHandle,
+    IncrementalKeyedHandle,
+    KeyGroupsHandle,
+    MergedChannelStateHandle,
+    SegmentFileHandle,
+)
 
 
 def channel_file_owners(checkpoint: Checkpoint) -> dict[str, set]:
@@ -28,9 +34,13 @@ def test_fixture_matrix_is_covered():
 
 def test_channel_state_file_sharing_follows_the_flag(captured):
     fixture = captured
-    owners = channel_file_owners(Checkpoint.open(str(fixture.checkpoint)))
+    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    owners = channel_file_owners(checkpoint)
     if fixture.info.get("snapshot"):  # a savepoint or an aligned checkpoint: no channel-state file at all
         assert not owners
+    elif fixture.info.get("feature") == "file-merging":  # segments of file merging's files: the flag does not apply
+        delegates = [h.delegate for op in checkpoint.metadata.operators for s in op.subtasks for h in s.input_channels]
+        assert owners and all(isinstance(d, SegmentFileHandle) for d in delegates)
     elif fixture.info["max_subtasks_per_channel_state_file"] == 1:
         assert all(len(subtasks) == 1 for subtasks in owners.values())
     else:

@@ -32,3 +32,11 @@ def test_files_nested_in_the_checkpoint_directory_win_over_shared():
     mapping = PathMapping.detect(md, "/moved/chk-7")
     assert mapping.resolve("file:/out/job/chk-7/shared/a") == "/moved/chk-7/shared/a"
     assert PathMapping.detect(md, "/out/job/chk-7").resolve("file:/out/job/chk-7/shared/a") == "/out/job/chk-7/shared/a"
+
+
+def test_job_dir_found_from_file_merging_directories_alone():
+    # file merging (FLIP-306) keeps every file one level below shared/ or taskowned/
+    md = metadata_with("file:/old/job/taskowned/job_1_tm_2/a", "file:/old/job/shared/job_1_op_3_0_2/b")
+    mapping = PathMapping.detect(md, "/moved/job/chk-7")
+    assert mapping.resolve("file:/old/job/taskowned/job_1_tm_2/a") == "/moved/job/taskowned/job_1_tm_2/a"
+    assert mapping.resolve("file:/old/job/shared/job_1_op_3_0_2/b") == "/moved/job/shared/job_1_op_3_0_2/b"

@@ -8,6 +8,10 @@ element) or BROADCAST (new subtask i gets old subtask i mod old parallelism's co
 written into one new state file: the old files' common header (the serialization proxy that
 describes the states, everything before the first element) followed by the elements.
 An element runs from its offset to the next offset in its file, or to the end.
+
+File merging's handles (FLIP-306, tag 17) are read through their segment and the new handles are
+plain ones (tag 4), as Flink's repartitioner makes them at a new parallelism; an empty one (no
+states, an empty segment) holds nothing and is passed over, as Flink's restore passes it over.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class OperatorStateError(CkptError):
     """Operator state that ckpt cannot reassign."""
 
 
-def _split(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
+def split_elements(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
     """(header, elements per state name) of one operator-state file."""
     ends = sorted({o for s in handle.states for o in s.offsets} | {len(data)})
     following = {start: end for start, end in zip(ends, ends[1:])}
@@ -38,16 +42,14 @@ def reassign_operator_state(
     checkpoint: Checkpoint, handles: list[Optional[OperatorStateHandle]], new_parallelism: int, file_prefix: str
 ) -> tuple[list[Optional[OperatorStateHandle]], dict[str, bytes]]:
     """New handles (one per new subtask, or None) and the new files they reference."""
-    old = [h for h in handles if h is not None]
+    old = [h for h in handles if h is not None and not h.is_empty]
     if not old:
         return [None] * new_parallelism, {}
-    if any(h.tag != 4 for h in old):
-        raise OperatorStateError("file-merging operator state cannot be reassigned offline")
     headers: set[bytes] = set()
     elements: list[dict[str, list[bytes]]] = []
     modes: dict[str, int] = {}
     for handle in old:
-        header, by_name = _split(checkpoint.handle_bytes(handle.delegate), handle)
+        header, by_name = split_elements(checkpoint.handle_bytes(handle.delegate), handle)
         headers.add(header)
         elements.append(by_name)
         for state in handle.states:

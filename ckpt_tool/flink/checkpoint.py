@@ -31,10 +31,12 @@ class PathMapping:
     Flink's handles may hold absolute paths into the job's checkpoint directory:
     ``…/<job>/chk-7/<uuid>`` (exclusive), ``…/<job>/shared/<uuid>`` (RocksDB incremental),
     ``…/<job>/taskowned/<uuid>`` and ``…/<job>/dstl/<uuid>`` (the changelog state backend's
-    files, where its ``state.changelog.dstl.dfs.base-path`` is the checkpoint directory). A
-    checkpoint copied elsewhere keeps those paths; the original ``chk-<id>`` directory is found at
-    the checkpoint's current location, and anything else under the original job directory at the
-    same place under the checkpoint's current parent.
+    files, where its ``state.changelog.dstl.dfs.base-path`` is the checkpoint directory); with file
+    merging (FLIP-306) one directory deeper: ``…/<job>/shared/job_<id>_op_<op>_<subtask>_<parallelism>/<uuid>``
+    and ``…/<job>/taskowned/job_<id>_tm_<tm>/<uuid>``. A checkpoint copied elsewhere keeps those
+    paths; the original ``chk-<id>`` directory is found at the checkpoint's current location, and
+    anything else under the original job directory at the same place under the checkpoint's current
+    parent.
     """
 
     original_job_dir: str | None
@@ -45,7 +47,7 @@ class PathMapping:
     def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> PathMapping:
         paths = [normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))]
         exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
-        job_owned = re.compile(r"^(.*)/(shared|taskowned|dstl)/[^/]+$")
+        job_owned = re.compile(r"^(.*)/(shared|taskowned|dstl)/([^/]+/)?[^/]+$")
         for pattern in (exclusive, job_owned):  # a file inside the checkpoint directory says most
             for path in paths:
                 match = pattern.match(path)
@@ -111,26 +113,34 @@ class Checkpoint:
         return sorted({uri for uri in found if uri is not None})
 
     def file_problems(self) -> Iterator[str]:
-        """One message per referenced file that is missing or not the size ``_metadata`` records
-        (a changelog file has one byte more, its compression flag; a compressed one is not
-        measured: its recorded size counts uncompressed bytes)."""
+        """One message per referenced file that is missing, not the size ``_metadata`` records (a
+        changelog file has one byte more, its compression flag; a compressed one is not measured: its
+        recorded size counts uncompressed bytes) or, for file merging's physical files, shorter than a
+        segment it holds."""
         recorded: dict[str, int] = {}
+        segment_ends: dict[str, int] = {}
         for handle in iter_stream_handles(self.metadata):
             if isinstance(handle, (FileHandle, RelativeFileHandle)):
                 recorded[self.file_location(handle)] = handle.size
+            elif isinstance(handle, SegmentFileHandle):
+                uri = self.file_location(handle)
+                segment_ends[uri] = max(segment_ends.get(uri, 0), handle.start + handle.size)
         changelog = {self.location(h) for h in changelog_files(self.metadata)}
         for uri in self.referenced_files():
             if not self.io.exists(uri):
                 yield f"{uri} is missing: the checkpoint's _metadata references it"
                 continue
-            expected = recorded.get(uri, -1)
-            actual = self.io.size(uri) if expected >= 0 else expected
-            if uri in changelog:
-                if self.io.read_range(uri, 0, 1) == bytes([COMPRESSED]):
-                    continue
-                expected += 1
-            if actual != expected:
-                yield f"{uri} has {actual} bytes, but the checkpoint's _metadata records {expected}"
+            if uri in recorded:
+                expected = recorded[uri]
+                if uri in changelog:
+                    if self.io.read_range(uri, 0, 1) == bytes([COMPRESSED]):
+                        continue
+                    expected += 1
+                if self.io.size(uri) != expected:
+                    yield f"{uri} has {self.io.size(uri)} bytes, but the checkpoint's _metadata records {expected}"
+            elif uri in segment_ends and self.io.size(uri) < segment_ends[uri]:
+                end = segment_ends[uri]
+                yield f"{uri} has {self.io.size(uri)} bytes, but a segment the checkpoint's _metadata records ends at {end}"
 
     def refuse_escaping_links(self) -> None:
         """A referenced file inside the job directory that is a symbolic link out of it (to

@@ -8,8 +8,8 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError, OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
-from ckpt_tool.flink.metadata import map_stream_handles, write_metadata
-from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, RelativeFileHandle, SegmentFileHandle
+from ckpt_tool.flink.metadata import OPERATOR_STATE, SEGMENT_OPERATOR_STATE, map_stream_handles, write_metadata
+from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, join, normalize_uri, parent
 from ckpt_tool.storage.base import is_s3, within
 from ckpt_tool.writer.claim import Claim, claimed
@@ -19,12 +19,6 @@ Progress = Optional[Callable[[int, int], None]]
 
 class DestinationError(CkptError):
     """A destination that ckpt must not write to."""
-
-
-def flink_path(uri: str) -> str:
-    """A location spelled as Flink writes it in handles (``file:/…`` for local files)."""
-    uri = normalize_uri(uri)
-    return uri if "://" in uri else "file:" + uri
 
 
 def _canonical(uri: str) -> str:
@@ -66,6 +60,24 @@ def readable_mode(source: Checkpoint) -> int:
     return mode | 0o600
 
 
+def release_source_directories(metadata: CheckpointMetadata) -> None:
+    """Make every file-merging operator handle (tag 17) a plain one (tag 4) with the same delegate,
+    and drop the empty ones (which hold nothing, and which Flink's restore passes over), in place.
+
+    A file-merging handle names its job's ``taskowned/`` and ``shared/`` directories, which Flink
+    registers as shared state on restore and deletes once it owns the restored checkpoint (CLAIM
+    mode) and no checkpoint refers to them: an output keeping them would let Flink delete the
+    source's files. Flink's own repartitioner makes the same plain handles at a new parallelism.
+    """
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for name in ("managed_operator", "raw_operator"):
+                handle: Optional[OperatorStateHandle] = getattr(s, name)
+                if handle is not None and handle.tag == SEGMENT_OPERATOR_STATE:
+                    plain = None if handle.is_empty else OperatorStateHandle(OPERATOR_STATE, handle.states, handle.delegate)
+                    setattr(s, name, plain)
+
+
 def write_checkpoint(
     src: Checkpoint,
     metadata: CheckpointMetadata,
@@ -80,10 +92,13 @@ def write_checkpoint(
     ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
     ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there.
     Files of ``src`` that ``metadata`` still references and that lie inside the source checkpoint
-    or its job directory (RocksDB's ``shared/``) are copied into ``dst`` under names of ckpt's own
-    (a handle's path never becomes an output path) and referenced relative to it (``metadata`` is
-    changed in place), so the output can be moved. Files outside are left where they are. Every
-    file is made no more readable than the source's, and ``_metadata`` is written last.
+    or its job directory (RocksDB's ``shared/``, file merging's ``shared/`` and ``taskowned/``) are
+    copied into ``dst`` under names of ckpt's own (a handle's path never becomes an output path)
+    and referenced relative to it (``metadata`` is changed in place), so the output can be moved;
+    a file-merging segment becomes a file of its own (its offsets count from the segment's start,
+    as a file's do). Files outside are left where they are. File-merging operator handles become
+    plain ones (``release_source_directories``). Every file is made no more readable than the
+    source's, and ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
@@ -92,12 +107,13 @@ def write_checkpoint(
             return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own)
     out = io_for(dst)
     job_dir = parent(src.uri)
-    copies: dict[str, str] = {}  # source location -> name in dst
+    copies: dict[tuple[str, Optional[tuple[int, int]]], str] = {}  # (source location, segment) -> name in dst
     carried: set[int] = set()  # handles made here (a handle object may be reached more than once)
 
     def carry(handle):
-        """Copy a file of the source into ``dst`` and refer to it relative to the checkpoint, so
-        that the output can be moved or downloaded and still restores."""
+        """Copy a file of the source (or the segment of one a file-merging handle names) into
+        ``dst`` and refer to it relative to the checkpoint, so that the output can be moved or
+        downloaded and still restores."""
         if id(handle) in carried or (
             isinstance(handle, RelativeFileHandle)
             and (handle.relative_path in new_files or handle.relative_path in already_written)
@@ -108,19 +124,19 @@ def write_checkpoint(
         location = src.file_location(handle)
         if not any(location.startswith(base + "/") for base in (src.uri, job_dir)):
             return handle  # outside the source's directories: left where it is
-        name = copies.setdefault(location, f"ckpt-copy-{len(copies):06d}")
-        moved: SegmentFileHandle | RelativeFileHandle
-        if isinstance(handle, SegmentFileHandle):
-            handle.path = flink_path(join(dst, name))
-            moved = handle
-        else:
-            moved = RelativeFileHandle(name, handle.size)
+        segment = (handle.start, handle.size) if isinstance(handle, SegmentFileHandle) else None
+        name = copies.setdefault((location, segment), f"ckpt-copy-{len(copies):06d}")
+        moved = RelativeFileHandle(name, handle.size)
         carried.add(id(moved))
         return moved
 
+    def copied(location: str, segment: Optional[tuple[int, int]]) -> bytes:
+        return src.io.read(location) if segment is None else src.io.read_range(location, *segment)
+
+    release_source_directories(metadata)
     map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
-    writes += [(join(dst, name), lambda source=source: src.io.read(source)) for source, name in sorted(copies.items())]
+    writes += [(join(dst, name), lambda piece=piece: copied(*piece)) for piece, name in sorted(copies.items(), key=str)]
     for done, (target, content) in enumerate(writes, start=1):
         out.write(target, content())
         if progress:
