@@ -73,19 +73,18 @@ def _changelog_intersection(handle: KeyedHandle, wanted: range) -> Optional[Keye
 
 
 def _common(first: range, second: range) -> range:
+    """The key groups in both ranges (empty if none)."""
     return range(max(first.start, second.start), min(first.stop, second.stop))
 
 
 def _intersection(handle, wanted: range):
+    common = _common(handle.key_groups, wanted)
+    if not common:
+        return None
     if isinstance(handle, KeyGroupsHandle):
-        low = max(wanted.start, handle.start_key_group)
-        high = min(wanted.stop, handle.start_key_group + len(handle.offsets))
-        if low >= high:
-            return None
-        offsets = handle.offsets[low - handle.start_key_group : high - handle.start_key_group]
-        return KeyGroupsHandle(handle.tag, low, offsets, handle.delegate, handle.handle_id)
-    own = handle.key_groups
-    return handle if max(own.start, wanted.start) < min(own.stop, wanted.stop) else None
+        offsets = handle.offsets[common.start - handle.start_key_group : common.stop - handle.start_key_group]
+        return KeyGroupsHandle(handle.tag, common.start, offsets, handle.delegate, handle.handle_id)
+    return handle
 
 
 def _size(handle) -> int:
@@ -168,11 +167,7 @@ def reassign_keyed(
                     "RocksDB state of several old subtasks cannot be combined; choose a parallelism where each "
                     "new subtask's key groups come from one old subtask"
                 )
-            originals = [
-                (p, range(max(wanted.start, p.start_key_group), min(wanted.stop, p.start_key_group + len(p.offsets))))
-                for p in pieces
-                if isinstance(p, KeyGroupsHandle)
-            ]
+            originals = [(p, _common(p.key_groups, wanted)) for p in pieces if isinstance(p, KeyGroupsHandle)]
             result.append(merge([(p, r) for p, r in originals if len(r)], wanted, index))
             continue
         result.append(

@@ -90,8 +90,19 @@ class HandleAndLocalPath:
     handle: Optional[StreamHandle]
 
 
+class KeyGroupSpan:
+    """A keyed handle's ``num_key_groups`` key groups from ``start_key_group`` (its dataclass's fields)."""
+
+    start_key_group: int
+    num_key_groups: int
+
+    @property
+    def key_groups(self) -> range:
+        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
+
+
 @dataclass
-class IncrementalKeyedHandle:
+class IncrementalKeyedHandle(KeyGroupSpan):
     """``IncrementalRemoteKeyedStateHandle`` (RocksDB incremental): shared and private files.
 
     ``tag`` 5 is the old layout (no checkpointed size, no id), 11 the current one.
@@ -108,13 +119,9 @@ class IncrementalKeyedHandle:
     private: list[HandleAndLocalPath]
     handle_id: Optional[str]
 
-    @property
-    def key_groups(self) -> range:
-        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
-
 
 @dataclass
-class ChangelogBackendHandle:
+class ChangelogBackendHandle(KeyGroupSpan):
     """``ChangelogStateBackendHandle``: materialized handles plus changelog deltas (tag 8 or 14)."""
 
     tag: int
@@ -127,10 +134,6 @@ class ChangelogBackendHandle:
     checkpoint_id: int
     handle_id: str
 
-    @property
-    def key_groups(self) -> range:
-        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
-
 
 @dataclass
 class StateChange:
@@ -139,7 +142,7 @@ class StateChange:
 
 
 @dataclass
-class InMemoryChangelogHandle:
+class InMemoryChangelogHandle(KeyGroupSpan):
     """``InMemoryChangelogStateHandle`` (tag 9)."""
 
     start_key_group: int
@@ -149,13 +152,9 @@ class InMemoryChangelogHandle:
     changes: list[StateChange]
     handle_id: str
 
-    @property
-    def key_groups(self) -> range:
-        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
-
 
 @dataclass
-class ChangelogStreamHandle:
+class ChangelogStreamHandle(KeyGroupSpan):
     """``ChangelogStateHandleStreamImpl`` (tag 10, or 13 with a storage identifier)."""
 
     tag: int
@@ -166,10 +165,6 @@ class ChangelogStreamHandle:
     checkpointed_size: int
     handle_id: str
     storage_identifier: Optional[str]
-
-    @property
-    def key_groups(self) -> range:
-        return range(self.start_key_group, self.start_key_group + self.num_key_groups)
 
 
 # --- operator state ---------------------------------------------------------------------------
