@@ -146,7 +146,11 @@ class _Reader:
         slot = self.new_handle(_UNFINISHED)
         flags = self.r.u8("class flags")
         fields = []
-        for _ in range(self.short("field count")):
+        at = self.r.pos
+        count = self.short("field count")
+        if count * 3 > self.r.remaining:  # a type code and a name's length at least
+            self.fail(f"field count {count} needs more than the {self.r.remaining} bytes left", at)
+        for _ in range(count):
             at = self.r.pos
             code = chr(self.r.u8("field type"))
             field_name = self.r.utf("field name")

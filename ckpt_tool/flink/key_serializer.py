@@ -162,7 +162,7 @@ class _Parser:
             self.reader.fail("no nested serializer snapshots")
         self.reader.pos = start + 4
         self.reader.i32("nested snapshots version")
-        return [self.versioned() for _ in range(self.reader.count("nested snapshots"))]
+        return [self.versioned() for _ in range(self.reader.count("nested snapshots", 6))]  # a name's length, a version
 
     def _skip_to_snapshot_class(self) -> None:
         match = re.compile(rb"[\x00][\x08-\xff][a-zA-Z_$][\w$.]*Snapshot").search(self.reader.data, self.reader.pos)
