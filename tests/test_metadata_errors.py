@@ -9,6 +9,7 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.metadata import MAX_HANDLE_DEPTH, read_metadata, write_metadata
 from ckpt_tool.flink.model import (
     ByteStreamHandle,
+    ChangelogBackendHandle,
     ChannelStateHandle,
     CheckpointMetadata,
     KeyGroupsHandle,
@@ -186,17 +187,28 @@ def nested_key_groups(levels: int) -> KeyGroupsHandle:
     return handle
 
 
+def nested_changelog(levels: int) -> ChangelogBackendHandle:
+    handle = ChangelogBackendHandle(14, 0, 128, 0, [], [], 1, 1, "id")
+    for _ in range(levels - 1):
+        handle = ChangelogBackendHandle(14, 0, 128, 0, [handle], [], 1, 1, "id")
+    return handle
+
+
+@pytest.mark.parametrize("kind", ["key-groups", "changelog"])
 @pytest.mark.parametrize("levels, refused", [(MAX_HANDLE_DEPTH, False), (MAX_HANDLE_DEPTH + 1, True)])
-def test_nested_handles_are_bounded(levels, refused):
+def test_nested_handles_are_bounded(kind, levels, refused):
     metadata = sample(6)
-    metadata.operators[0].subtasks[0].managed_keyed.delegate = nested_key_groups(levels)
+    subtask = metadata.operators[0].subtasks[0]
+    if kind == "key-groups":
+        subtask.managed_keyed.delegate = nested_key_groups(levels)
+    else:
+        subtask.managed_keyed = nested_changelog(levels + 1)  # the outermost is not nested in another
     data = write_metadata(metadata)
     if not refused:
         assert write_metadata(read_metadata(data)) == data
         return
-    with pytest.raises(
-        CheckpointFormatError, match=rf"handles nested more than {MAX_HANDLE_DEPTH} deep in operator .* subtask 0"
-    ):
+    message = rf"handles nested more than {MAX_HANDLE_DEPTH} deep in operator .* subtask 0"
+    with pytest.raises(CheckpointFormatError, match=message):
         read_metadata(data)
 
 

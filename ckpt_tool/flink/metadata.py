@@ -135,7 +135,7 @@ class _MetadataReader:
             read_checkpoint_properties(r)  # Flink deserializes them; a damaged stream fails here too
             properties = r.data[start : r.pos]
         if r.remaining:
-            # Flink's writer never leaves any; its loader would not read them (and ignore them)
+            # Flink's writer never leaves any, its loader would leave them unread: a sign of damage
             after = "the checkpoint properties" if self.version >= 4 else "the operator states"
             r.fail(f"{r.remaining} trailing bytes after {after}")
         return CheckpointMetadata(self.version, checkpoint_id, masters, operators, properties)
