@@ -1,21 +1,49 @@
 """A reader for the small part of Java object serialization that ``CheckpointProperties`` uses.
 
 Metadata v4+ ends with ``ObjectOutputStream.writeObject(CheckpointProperties)``. ckpt keeps those
-bytes verbatim when writing; this reader only decodes them for display: plain serializable
-objects (no custom ``writeObject`` data), strings, enums, null and back-references.
+bytes verbatim when writing; this reader decodes them to check them and for display: plain
+serializable objects (no custom ``writeObject`` data), strings, enums, null and back-references.
+
+The bytes are untrusted, so the reader is bounded: objects nest at most ``MAX_DEPTH`` deep, at
+most ``MAX_HANDLES`` values get a handle, and the graph, with every back-reference expanded, has at
+most ``MAX_EXPANDED`` values (a string counts its characters): a few hundred bytes of
+back-references that double at each level ("billion laughs") are refused, not expanded. A
+back-reference into an object that is still being read (a cycle) is refused too, so the decoded
+value is a finite tree whose shared parts are shared Python objects.
 """
 
 from __future__ import annotations
 
-from ckpt_tool.errors import CheckpointFormatError
+import struct
+from typing import NoReturn
+
 from ckpt_tool.flink.javaio import JavaReader
 
 STREAM_MAGIC = 0xACED
+STREAM_VERSION = 5
 TC_NULL, TC_REFERENCE, TC_CLASSDESC, TC_OBJECT, TC_STRING = 0x70, 0x71, 0x72, 0x73, 0x74
 TC_ENDBLOCKDATA, TC_ENUM = 0x78, 0x7E
+TYPE_CODES = {
+    0x75: "an array",
+    0x76: "a class",
+    0x77: "block data",
+    0x79: "a stream reset",
+    0x7A: "long block data",
+    0x7B: "an exception",
+    0x7C: "a long string",
+    0x7D: "a proxy class description",
+}
 BASE_HANDLE = 0x7E0000
 SC_WRITE_METHOD = 0x01
-PRIMITIVES = {"B": "i8", "Z": "boolean", "I": "i32", "J": "i64", "S": "short", "C": "short"}
+PRIMITIVES = {"B": "i8", "Z": "boolean", "I": "i32", "J": "i64", "S": "short", "C": "char", "F": "float", "D": "double"}
+CHECKPOINT_PROPERTIES = "org.apache.flink.runtime.checkpoint.CheckpointProperties"
+
+# Flink's CheckpointProperties: 3 levels, about 12 handles, about 250 expanded values.
+MAX_DEPTH = 32
+MAX_HANDLES = 1024
+MAX_EXPANDED = 1 << 18
+
+_UNFINISHED = object()  # the value of a handle whose object is still being read
 
 
 class _ClassDesc:
@@ -23,88 +51,211 @@ class _ClassDesc:
         self.name, self.flags, self.fields, self.parent = name, flags, fields, parent
 
 
+def describe(value) -> str:
+    """A decoded value's kind in Java's words, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f'a String "{value[:40]}{"..." if len(value) > 40 else ""}"'
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, dict):
+        return f"an object of class {value['class']}"
+    return "a class description"
+
+
 class _Reader:
-    def __init__(self, data: bytes):
-        self.r = JavaReader(data, "checkpoint properties")
+    def __init__(self, reader: JavaReader, what: str):
+        self.r = reader
+        self.what = what
         self.handles: list[object] = []
+        self.sizes: dict[int, int] = {}  # id() of a decoded object -> its expanded size
+        self.depth = 0
+
+    def fail(self, message: str, at: int | None = None) -> NoReturn:
+        self.r.fail(f"{self.what}: {message}" if self.what else message, at)
 
     def short(self, what: str) -> int:
         hi, lo = self.r.raw(2, what)
         return (hi << 8) | lo
 
     def new_handle(self, value: object) -> int:
+        if len(self.handles) >= MAX_HANDLES:
+            self.fail(f"more than {MAX_HANDLES} objects (ckpt's limit)")
         self.handles.append(value)
         return len(self.handles) - 1
 
+    def size(self, value) -> int:
+        """The number of values ``value`` expands to (a string: 1 plus its characters)."""
+        if isinstance(value, str):
+            return 1 + len(value)
+        if isinstance(value, dict):
+            return self.sizes[id(value)]
+        return 1
+
     def content(self):
+        """The next value: null, a string, an enum constant (its name), an object (a dict) or a
+        class description; shared values are the same Python object."""
+        at = self.r.pos
         tag = self.r.u8("type code")
         if tag == TC_NULL:
             return None
         if tag == TC_REFERENCE:
-            index = self.r.i32("handle") - BASE_HANDLE
+            handle = self.r.i32("handle")
+            index = handle - BASE_HANDLE
             if not 0 <= index < len(self.handles):
-                self.r.fail(f"dangling reference {index}")
-            return self.handles[index]
+                self.fail(f"back-reference 0x{handle & 0xFFFFFFFF:x} to no object read before it", at)
+            value = self.handles[index]
+            if value is _UNFINISHED:
+                self.fail(f"back-reference 0x{handle:x} into an object that is still being read (a cycle)", at)
+            return value
         if tag == TC_STRING:
             value = self.r.utf("string")
             self.new_handle(value)
             return value
-        if tag == TC_CLASSDESC:
-            return self.class_desc_body()
-        if tag == TC_ENUM:
-            self.content()  # the enum's class description
-            slot = self.new_handle(None)
-            constant = self.content()
-            self.handles[slot] = constant
-            return constant
-        if tag == TC_OBJECT:
-            return self.object_body()
-        self.r.fail(f"unsupported serialization type code 0x{tag:02x}")
+        if tag in (TC_CLASSDESC, TC_ENUM, TC_OBJECT):
+            if self.depth >= MAX_DEPTH:
+                self.fail(f"objects nested more than {MAX_DEPTH} deep (ckpt's limit)", at)
+            self.depth += 1
+            try:
+                if tag == TC_CLASSDESC:
+                    return self.class_desc_body()
+                return self.enum_body() if tag == TC_ENUM else self.object_body(at)
+            finally:
+                self.depth -= 1
+        kind = TYPE_CODES.get(tag)
+        self.fail(
+            f"{kind} (type code 0x{tag:02x}), which CheckpointProperties never holds"
+            if kind
+            else f"unknown type code 0x{tag:02x}",
+            at,
+        )
+
+    def class_desc(self, what: str) -> _ClassDesc | None:
+        at = self.r.pos
+        value = self.content()
+        if value is not None and not isinstance(value, _ClassDesc):
+            self.fail(f"{what} is {describe(value)}, not a class description", at)
+        return value
 
     def class_desc_body(self) -> _ClassDesc:
         name = self.r.utf("class name")
         self.r.i64("serialVersionUID")
-        slot = self.new_handle(None)
+        slot = self.new_handle(_UNFINISHED)
         flags = self.r.u8("class flags")
         fields = []
-        for _ in range(self.short("field count")):
+        at = self.r.pos
+        count = self.short("field count")
+        if count * 3 > self.r.remaining:  # a type code and a name's length at least
+            self.fail(f"field count {count} needs more than the {self.r.remaining} bytes left", at)
+        for _ in range(count):
+            at = self.r.pos
             code = chr(self.r.u8("field type"))
             field_name = self.r.utf("field name")
             if code in "L[":
-                self.content()  # the field's class name
+                type_at = self.r.pos
+                type_name = self.content()
+                if not isinstance(type_name, str):
+                    self.fail(f"the type of field {field_name} is {describe(type_name)}, not a String", type_at)
+            elif code not in PRIMITIVES:
+                self.fail(f"unknown field type code {code!r}", at)
             fields.append((code, field_name))
         if self.r.u8("end of class annotation") != TC_ENDBLOCKDATA:
-            self.r.fail("class annotations are not supported")
-        desc = _ClassDesc(name, flags, fields, self.content())
+            self.fail("class annotations are not supported")
+        desc = _ClassDesc(name, flags, fields, self.class_desc("a superclass"))
         self.handles[slot] = desc
         return desc
 
-    def object_body(self) -> dict:
-        desc = self.content()
-        if not isinstance(desc, _ClassDesc):
-            self.r.fail("object without a class description")
-        value: dict = {"class": desc.name}
-        self.new_handle(value)
+    def enum_body(self) -> str:
+        at = self.r.pos
+        if self.class_desc("an enum's class") is None:
+            self.fail("an enum without a class description", at)
+        slot = self.new_handle(_UNFINISHED)
+        at = self.r.pos
+        constant = self.content()
+        if not isinstance(constant, str):
+            self.fail(f"an enum constant's name is {describe(constant)}, not a String", at)
+        self.handles[slot] = constant
+        return constant
+
+    def object_body(self, at: int) -> dict:
+        desc = self.class_desc("an object's class")
+        if desc is None:
+            self.fail("an object without a class description", at)
+        desc_name = desc.name
+        value: dict = {"class": desc_name}
+        slot = self.new_handle(_UNFINISHED)
         chain = []
         while desc is not None:
             chain.append(desc)
             desc = desc.parent
+        size = 1
         for cls in reversed(chain):
             if cls.flags & SC_WRITE_METHOD:
-                self.r.fail(f"{cls.name} has custom serialization data")
+                self.fail(f"{cls.name} has custom serialization data")
             for code, name in cls.fields:
-                if code in PRIMITIVES:
-                    kind = PRIMITIVES[code]
-                    value[name] = self.short(name) if kind == "short" else getattr(self.r, kind)(name)
-                else:
+                kind = PRIMITIVES.get(code)
+                if kind is None:
+                    field_at = self.r.pos
                     value[name] = self.content()
+                    if isinstance(value[name], _ClassDesc):
+                        self.fail(f"field {name} holds a class description", field_at)
+                elif kind in ("short", "char"):
+                    raw = self.short(name)
+                    value[name] = raw - 0x10000 if kind == "short" and raw > 0x7FFF else raw
+                elif kind in ("float", "double"):
+                    value[name] = struct.unpack(">f" if kind == "float" else ">d", self.r.raw(4 if kind == "float" else 8, name))[
+                        0
+                    ]
+                else:
+                    value[name] = getattr(self.r, kind)(name)
+                size += self.size(value[name])
+                if size > MAX_EXPANDED:
+                    self.fail(
+                        f"an object of class {value['class']} expands to more than {MAX_EXPANDED} values (ckpt's limit)", at
+                    )
+        value["class"] = desc_name  # a field named "class" cannot pass for the class
+        self.sizes[id(value)] = size
+        self.handles[slot] = value
         return value
 
 
+def _header(reader: JavaReader, what: str) -> None:
+    at = reader.pos
+    magic, version = reader.raw(2, "stream magic"), reader.raw(2, "stream version")
+    if int.from_bytes(magic, "big") != STREAM_MAGIC or int.from_bytes(version, "big") != STREAM_VERSION:
+        reader.fail(f"{what} are not a Java serialization stream (header {(magic + version).hex()})", at)
+
+
 def read_java_object(data: bytes):
-    """Decode one serialized object into dicts, strings and numbers."""
-    reader = _Reader(data)
-    if reader.short("stream magic") != STREAM_MAGIC:
-        raise CheckpointFormatError("checkpoint properties are not a Java serialization stream")
-    reader.short("stream version")
-    return reader.content()
+    """Decode one serialized object (the whole of ``data``) into dicts, strings and numbers."""
+    reader = JavaReader(data, "checkpoint properties")
+    _header(reader, "checkpoint properties")
+    value = _Reader(reader, "").content()
+    if isinstance(value, _ClassDesc):
+        reader.fail("a class description where an object belongs")
+    if reader.remaining:
+        reader.fail(f"{reader.remaining} bytes after the serialized object")
+    return value
+
+
+def read_checkpoint_properties(reader: JavaReader) -> dict:
+    """Read the Java-serialized ``CheckpointProperties`` at the reader's position, leaving the
+    reader at its end. Anything Flink could not cast to a ``CheckpointProperties`` holding a
+    ``SnapshotType`` object (a String, null, a String ``checkpointType`` ...) is refused, naming
+    what was found; so are streams beyond ckpt's limits."""
+    what = "checkpoint properties"
+    _header(reader, what)
+    at = reader.pos
+    value = _Reader(reader, what).content()
+    if not isinstance(value, dict) or value["class"] != CHECKPOINT_PROPERTIES:
+        reader.fail(f"{what} are {describe(value)}, not a {CHECKPOINT_PROPERTIES}", at)
+    snapshot_type = value.get("checkpointType")
+    if not isinstance(snapshot_type, dict):
+        reader.fail(f"{what}: checkpointType is {describe(snapshot_type)}, not a SnapshotType object", at)
+    for name in ("name", "sharingFilesStrategy", "formatType", "postCheckpointAction"):
+        if not isinstance(snapshot_type.get(name), (str, type(None))):
+            reader.fail(f"{what}: checkpointType.{name} is {describe(snapshot_type[name])}, not a String", at)
+    return value

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaio import JavaReader
 from ckpt_tool.flink.model import (
@@ -35,6 +35,9 @@ from ckpt_tool.records.types import DataType, parse_type
 
 NESTED_MAGIC = b"\x00\x14\x57\xfd"
 HEADER_BYTES = 64 * 1024  # the proxy's head, where the key serializer is, is far smaller
+# Snapshots inside snapshots (a Tuple of Rows of Maps ...): real keys nest a few levels; ckpt
+# refuses more than this rather than recursing without bound.
+MAX_SNAPSHOT_DEPTH = 32
 
 # serializer (the snapshot's outer class) -> ckpt's key type family
 FAMILIES = {
@@ -76,6 +79,10 @@ class KeyTypeMismatch(CkptError):
     """A schema's key type that the checkpoint's keyed state contradicts."""
 
 
+class SnapshotTooDeep(CheckpointFormatError):
+    """A key serializer snapshot nested beyond ckpt's limit: refused, never skipped."""
+
+
 @dataclass
 class SerializerSnapshot:
     """A serializer as its snapshot names it: ``LongSerializer``, ``DecimalDataSerializer(20,2)``,
@@ -114,8 +121,21 @@ def _serializer_name(snapshot_class: str) -> str:
 class _Parser:
     def __init__(self, data: bytes, where: str):
         self.reader = JavaReader(data, where)
+        self.depth = 0
 
     def versioned(self) -> SerializerSnapshot:
+        if self.depth >= MAX_SNAPSHOT_DEPTH:
+            raise SnapshotTooDeep(
+                f"{self.reader.source}: key serializer snapshots nested more than {MAX_SNAPSHOT_DEPTH} deep "
+                f"(ckpt's limit) at byte {self.reader.pos}"
+            )
+        self.depth += 1
+        try:
+            return self._versioned()
+        finally:
+            self.depth -= 1
+
+    def _versioned(self) -> SerializerSnapshot:
         snapshot_class = self.reader.utf("serializer snapshot class")
         self.reader.i32("snapshot version")
         name = _serializer_name(snapshot_class)
@@ -142,7 +162,7 @@ class _Parser:
             self.reader.fail("no nested serializer snapshots")
         self.reader.pos = start + 4
         self.reader.i32("nested snapshots version")
-        return [self.versioned() for _ in range(self.reader.count("nested snapshots"))]
+        return [self.versioned() for _ in range(self.reader.count("nested snapshots", 6))]  # a name's length, a version
 
     def _skip_to_snapshot_class(self) -> None:
         match = re.compile(rb"[\x00][\x08-\xff][a-zA-Z_$][\w$.]*Snapshot").search(self.reader.data, self.reader.pos)
@@ -192,6 +212,8 @@ def key_serializer(checkpoint: Checkpoint, op: OperatorState) -> Optional[Serial
             data = _head(checkpoint, stream) if stream is not None else None
             if data:
                 return parse_key_serializer(data, checkpoint.location(stream) or f"keyed state of {op.label}")
+        except SnapshotTooDeep:
+            raise
         except CkptError:
             return None  # keyed state ckpt cannot read (missing, damaged) says nothing against the schema
     return None

@@ -15,7 +15,7 @@ from typing import NoReturn, Optional
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.javaio import JavaReader, JavaWriter
-from ckpt_tool.flink.javaser import read_java_object
+from ckpt_tool.flink.javaser import read_checkpoint_properties
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
@@ -45,6 +45,9 @@ from ckpt_tool.flink.model import (
 HEADER_MAGIC = 0x4960672D
 MASTER_STATE_MAGIC = -915728746  # 0xc96b1696 as a signed int
 SUPPORTED_VERSIONS = (3, 4, 5, 6)
+# Handles inside handles (key-groups around a stream, changelog around materialized state): Flink
+# writes 2 levels at most; ckpt refuses more than this rather than recursing without bound.
+MAX_HANDLE_DEPTH = 16
 
 # type bytes of MetadataV2V3SerializerBase
 NULL_HANDLE = 0
@@ -92,10 +95,7 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
             f"{source} has metadata version {version}{newer}; supported versions are "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.13 to 2.3)"
         )
-    try:
-        return _MetadataReader(reader, version).read()
-    except RecursionError:
-        raise CheckpointFormatError(f"{source}: handles nested too deeply") from None
+    return _MetadataReader(reader, version).read()
 
 
 class _MetadataReader:
@@ -103,10 +103,21 @@ class _MetadataReader:
         self.r = reader
         self.version = version
         self.holder = ""  # the operator (and subtask) whose handles are being read, for errors
+        self.depth = 0  # handles being read inside other handles
 
     def unknown(self, what: str, tag: int, at: int) -> NoReturn:
         """Fail on a handle type ckpt does not know, naming its tag and who holds it."""
         self.r.fail(f"unknown {what} type tag {tag} in {self.holder}", at=at)
+
+    def nested(self, read):
+        """``read()``, a handle inside another, refused beyond ``MAX_HANDLE_DEPTH`` levels."""
+        if self.depth >= MAX_HANDLE_DEPTH:
+            self.r.fail(f"handles nested more than {MAX_HANDLE_DEPTH} deep in {self.holder}")
+        self.depth += 1
+        try:
+            return read()
+        finally:
+            self.depth -= 1
 
     def read(self) -> CheckpointMetadata:
         r = self.r
@@ -116,13 +127,17 @@ class _MetadataReader:
             r.fail(f"invalid checkpoint id {checkpoint_id}", at=start)
         masters = [self.master_state() for _ in range(r.count("number of master states"))]
         operators = [self.operator_state() for _ in range(r.count("number of operator states"))]
-        properties = r.rest() if self.version >= 4 else None
+        properties = None
         if self.version >= 4:
-            if not properties:
+            if not r.remaining:
                 r.fail("missing checkpoint properties")
-            read_java_object(properties)  # Flink deserializes them; a damaged stream fails here too
-        if self.version < 4 and r.remaining:
-            r.fail("trailing bytes after the operator states")
+            start = r.pos
+            read_checkpoint_properties(r)  # Flink deserializes them; a damaged stream fails here too
+            properties = r.data[start : r.pos]
+        if r.remaining:
+            # Flink's writer never leaves any, its loader would leave them unread: a sign of damage
+            after = "the checkpoint properties" if self.version >= 4 else "the operator states"
+            r.fail(f"{r.remaining} trailing bytes after {after}")
         return CheckpointMetadata(self.version, checkpoint_id, masters, operators, properties)
 
     def master_state(self) -> MasterState:
@@ -218,7 +233,7 @@ class _MetadataReader:
             return RelativeFileHandle(path, r.i64("file size"))
         if tag == KEY_GROUPS:
             start, offsets = self.key_group_offsets()
-            return KeyGroupsHandle(KEY_GROUPS, start, offsets, self.stream_handle())
+            return KeyGroupsHandle(KEY_GROUPS, start, offsets, self.nested(self.stream_handle))
         if tag == SEGMENT_FILE:
             start, size, scope = r.i64("segment start"), r.i64("segment size"), r.i32("segment scope")
             return SegmentFileHandle(start, size, scope, r.utf("segment file path"), r.utf("logical file id"))
@@ -262,8 +277,8 @@ class _MetadataReader:
         if tag in (CHANGELOG, CHANGELOG_V2):
             start, num = self.key_range()
             checkpointed_size = r.i64("checkpointed size")
-            materialized = [self.keyed_handle() for _ in range(r.count("materialized handles"))]
-            non_materialized = [self.keyed_handle() for _ in range(r.count("changelog handles"))]
+            materialized = [self.nested(self.keyed_handle) for _ in range(r.count("materialized handles"))]
+            non_materialized = [self.nested(self.keyed_handle) for _ in range(r.count("changelog handles"))]
             materialization_id = r.i64("materialization id")
             checkpoint_id = r.i64("checkpoint id") if tag == CHANGELOG_V2 else materialization_id
             return ChangelogBackendHandle(
