@@ -146,3 +146,15 @@ def scan_each_exchange(
         except CkptError as exc:
             result.append(ExchangeScan(exchange, [], 0, _key_group_ranges(checkpoint, exchange), str(exc)))
     return result
+
+
+def record_counter(checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine):
+    """A function of an exchange's index to its in-flight record count, scanned on first ask."""
+    counts: dict[int, int] = {}
+
+    def records_of(index: int) -> int:
+        if index not in counts:
+            counts[index] = scan_exchanges(checkpoint, [exchanges[index]], engine)[0].total("records")
+        return counts[index]
+
+    return records_of

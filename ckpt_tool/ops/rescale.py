@@ -10,9 +10,21 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ckpt_tool.planning import plan_rescale
+from ckpt_tool.exchanges import record_counter
+from ckpt_tool.flink.plan import PlanVertex
+from ckpt_tool.planning import RescalePlan, plan_rescale
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
+from ckpt_tool.topology import check_topology
+
+
+def check_new_topology(
+    session: Session, plan: RescalePlan, target_plan: Optional[dict[str, PlanVertex]] = None, target: str = "the new parallelism"
+) -> None:
+    """Refuse, with Flink's reason, a rewrite Flink would not restore in the job graph it builds
+    at the new parallelisms (ckpt_tool.topology)."""
+    records_of = record_counter(session.checkpoint, plan.exchanges, session.engine)
+    check_topology(session.metadata, session.plan, plan, records_of, target_plan, target)
 
 
 def rescale(
@@ -21,7 +33,12 @@ def rescale(
     parallelism: Optional[int],
     overrides: Optional[dict[str, int]] = None,
     dry_run: bool = False,
+    drop: Optional[list[str]] = None,
+    target_plan: Optional[dict[str, PlanVertex]] = None,
 ) -> RescaleReport:
-    """Write to ``dst`` the session's checkpoint for the new parallelism (nothing with ``dry_run``)."""
-    plan = plan_rescale(session.metadata, parallelism, overrides or {}, session.described_exchanges, session.plan)
+    """Write to ``dst`` the session's checkpoint for the new parallelism (nothing with ``dry_run``).
+    ``drop``: operators whose incoming in-flight data is dropped and reported; ``target_plan``: the
+    job's plan as it will be started, else ckpt derives the new job graph from the plan."""
+    plan = plan_rescale(session.metadata, parallelism, overrides or {}, session.described_exchanges, session.plan, drop)
+    check_new_topology(session, plan, target_plan)
     return rewrite(session, dst, plan, dry_run)

@@ -24,8 +24,9 @@ from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
-from ckpt_tool.flink.plan import JobPlan
-from ckpt_tool.planning import RescaleError, plan_rescale
+from ckpt_tool.flink.plan import JobPlan, PlanVertex
+from ckpt_tool.ops.rescale import check_new_topology
+from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
@@ -256,18 +257,21 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
     return [framing, placement, duplicates]
 
 
-def check_target(session: Session, target: Optional[int]) -> CheckResult:
+def check_target(session: Session, target: Optional[int], target_plan: Optional[dict[str, PlanVertex]] = None) -> CheckResult:
     if target is None:
         return CheckResult("target-parallelism", "a rescale to a given parallelism is possible", "needs --target-parallelism N")
-    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible")
+    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible (Flink would restore it)")
     try:
-        plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
-    except RescaleError as exc:
+        plan = plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
+        check_new_topology(session, plan, target_plan, f"parallelism {target}")
+    except CkptError as exc:  # a refusal, or in-flight records that cannot be read to tell
         result.problems.append(Problem("target-parallelism", str(exc)))
     return result
 
 
-def verify(session: Session, target: Optional[int] = None, strict: bool = False) -> VerifyReport:
+def verify(
+    session: Session, target: Optional[int] = None, strict: bool = False, target_plan: Optional[dict[str, PlanVertex]] = None
+) -> VerifyReport:
     """Every check, in order. ``strict``: a check that could not run fails."""
     cp = session.checkpoint
     files = check_files(cp)
@@ -279,7 +283,7 @@ def verify(session: Session, target: Optional[int] = None, strict: bool = False)
     ]
     usable = not any(c.problems for c in checks if c.unusable)
     checks += check_records(session, usable)
-    checks.append(check_target(session, target))
+    checks.append(check_target(session, target, target_plan))
     if strict:
         for check in checks:
             if check.skipped:
