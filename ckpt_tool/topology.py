@@ -36,10 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ckpt_tool.exchanges import record_counter
 from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
 from ckpt_tool.flink.operator_id import operator_id_of_uid
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import RescaleError, RescalePlan
+from ckpt_tool.session import Session
 
 CHAINED = (
     "Cannot recover from unaligned checkpoint when topology changes, such that data exchanges with persisted data are "
@@ -427,3 +429,15 @@ def _output_check_runs(graph: TargetGraph, chain: list[str], ends: list[str], op
             ):
                 return True
     return False
+
+
+def check_new_topology(
+    session: Session,
+    plan: RescalePlan,
+    target_plan: Optional[dict[str, PlanVertex]] = None,
+    target: str = "the new parallelism",
+) -> TargetGraph:
+    """``check_topology`` for a session: the records of rerouted exchanges are counted on its engine
+    where they matter (an exchange that carries only watermarks leaves no channel state)."""
+    records_of = record_counter(session.checkpoint, plan.exchanges, session.engine)
+    return check_topology(session.metadata, session.plan, plan, records_of, target_plan, target)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Optional
 
 from ckpt_tool.flink.plan import PlanVertex
-from ckpt_tool.ops.rescale import check_new_topology
 from ckpt_tool.planning import plan_repair
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
+from ckpt_tool.topology import check_new_topology
 
 
 def repair(session: Session, dst: str, drop: list[str], target_plan: Optional[dict[str, PlanVertex]] = None) -> RescaleReport:

@@ -10,21 +10,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ckpt_tool.exchanges import record_counter
 from ckpt_tool.flink.plan import PlanVertex
-from ckpt_tool.planning import RescalePlan, plan_rescale
+from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
-from ckpt_tool.topology import check_topology
-
-
-def check_new_topology(
-    session: Session, plan: RescalePlan, target_plan: Optional[dict[str, PlanVertex]] = None, target: str = "the new parallelism"
-) -> None:
-    """Refuse, with Flink's reason, a rewrite Flink would not restore in the job graph it builds
-    at the new parallelisms (ckpt_tool.topology)."""
-    records_of = record_counter(session.checkpoint, plan.exchanges, session.engine)
-    check_topology(session.metadata, session.plan, plan, records_of, target_plan, target)
+from ckpt_tool.topology import check_new_topology
 
 
 def rescale(

@@ -25,9 +25,9 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
-from ckpt_tool.ops.rescale import check_new_topology
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
+from ckpt_tool.topology import check_new_topology
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
 # Small buffers (a lone watermark, say) are legitimately identical in many channels.
