@@ -8,14 +8,16 @@ needs none.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import channel_tasks, scan_channel
+from ckpt_tool.engine.tasks import Junction, channel_tasks, junction, scan_channel
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import ChannelScan, suspect_key_groups
 from ckpt_tool.records.schema import Exchange
@@ -158,3 +160,72 @@ def record_counter(checkpoint: Checkpoint, exchanges: list[Exchange], engine: En
         return counts[index]
 
     return records_of
+
+
+class MappingError(CkptError):
+    """The bytes contradict which output partition the exchanges say feeds them, or cannot tell."""
+
+
+def _untyped(exchange: Exchange) -> bool:
+    return not exchange.record_type and not exchange.decoder
+
+
+def check_output_mapping(
+    checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, only: Optional[set[int]] = None
+) -> None:
+    """Framing-level proof of which output partition feeds which exchange, for every operator that
+    sends to several exchanges, holds output-side in-flight data and sends to an untyped one (a
+    typed exchange's records are checked value by value): the stated pairing must hold at every
+    logical channel (``junction``), and no other pairing of the same partitions may hold too.
+    ``only``: indexes of the exchanges whose data is rewritten (the others are left as they are)."""
+    metadata = checkpoint.metadata
+    by_sender: dict[str, list[int]] = defaultdict(list)
+    for index, exchange in enumerate(exchanges):
+        if exchange.upstream_id:
+            by_sender[exchange.upstream_id].append(index)
+    for sender, indexes in by_sender.items():
+        sent = [exchanges[i] for i in indexes]
+        if len(sent) < 2 or not any(_untyped(e) for e in sent):
+            continue
+        if only is not None and not any(i in only for i in indexes):
+            continue
+        if not any(h.offsets for s in metadata.operator(sender).subtasks for h in s.channel_handles(OUTPUT)):
+            continue
+        _prove_pairing(checkpoint, sender, sent, engine)
+
+
+def _prove_pairing(checkpoint: Checkpoint, sender: str, sent: list[Exchange], engine: Engine) -> None:
+    metadata = checkpoint.metadata
+    stated = [e.partition for e in sent]
+    outcomes: dict[tuple[int, ...], list[Junction]] = {}
+    for pairing in itertools.permutations(stated):
+        candidates = [replace(e, partition=p) for e, p in zip(sent, pairing)]
+        outcomes[pairing] = engine.map(junction, channel_tasks(checkpoint, candidates))
+    fitting = [pairing for pairing, found in outcomes.items() if not any(j.problem for j in found)]
+    names = [f"{metadata.label(e.downstream_id)} (gate {e.gate})" for e in sent]
+
+    def described(pairing: tuple[int, ...]) -> str:
+        return ", ".join(f"partition {p} -> {name}" for p, name in zip(pairing, names))
+
+    stated_key = tuple(stated)
+    others = [p for p in fitting if p != stated_key and any(_untyped(e) and a != b for e, a, b in zip(sent, p, stated_key))]
+    sender_label = metadata.label(sender)
+    if stated_key not in fitting:
+        bad = next(j for j in outcomes[stated_key] if j.problem)
+        exchange = sent[bad.exchange_index]
+        message = (
+            f"{sender_label} -> {metadata.label(exchange.downstream_id)} (gate {exchange.gate}): the output side of partition "
+            f"{exchange.partition}, channel {bad.upstream_subtask} -> {bad.downstream_subtask}, does not continue the input "
+            f"side's last record: {bad.problem}. The stated pairing ({described(stated_key)}) is contradicted by the bytes"
+        )
+        if len(others) == 1:
+            message += f"; the bytes fit {described(others[0])} only"
+        raise MappingError(message + ". Give each exchange its `partition` in --schema as the job has it.")
+    if others:
+        tested = sum(j.both_sides for j in outcomes[stated_key])
+        raise MappingError(
+            f"{sender_label} sends to {', '.join(names)} through several output partitions and the bytes cannot tell which "
+            f"feeds which: the stated pairing ({described(stated_key)}) and {described(others[0])} both split every logical "
+            f"channel into whole records ({tested} channels hold data on both sides). Give these exchanges their record "
+            "types in --schema (records are then checked value by value), or drop their in-flight data (--drop-in-flight)."
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ckpt_tool.exchanges import check_output_mapping
 from ckpt_tool.flink.plan import PlanVertex
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import RescaleReport, rewrite
@@ -31,4 +32,5 @@ def rescale(
     job's plan as it will be started, else ckpt derives the new job graph from the plan."""
     plan = plan_rescale(session.metadata, parallelism, overrides or {}, session.described_exchanges, session.plan, drop)
     check_new_topology(session, plan, target_plan)
+    check_output_mapping(session.checkpoint, plan.exchanges, session.engine, set(plan.rescaled + plan.dropped))
     return rewrite(session, dst, plan, dry_run)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.exchanges import MappingError, check_output_mapping, scan_exchanges
 from ckpt_tool.flink.changelog import changelog_handles, read_change_set
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
@@ -218,6 +218,10 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
     if exchanges is None or not usable:
         return [framing, placement, duplicates]
     metadata = session.metadata
+    try:
+        check_output_mapping(session.checkpoint, exchanges, session.engine)
+    except MappingError as exc:
+        framing.problems.append(Problem("record-framing", str(exc)))
     for scan in scan_exchanges(session.checkpoint, exchanges, session.engine):
         exchange = scan.exchange
         label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
