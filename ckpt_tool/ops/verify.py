@@ -220,8 +220,10 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
     metadata = session.metadata
     try:
         check_output_mapping(session.checkpoint, exchanges, session.engine)
-    except MappingError as exc:
+    except MappingError as exc:  # the channels would be stitched from the wrong sides: not scanned
         framing.problems.append(Problem("record-framing", str(exc)))
+        placement.skipped = duplicates.skipped = placement.skipped or "the exchanges' output partitions are not proven"
+        return [framing, placement, duplicates]
     for scan in scan_exchanges(session.checkpoint, exchanges, session.engine):
         exchange = scan.exchange
         label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
