@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -229,3 +230,21 @@ def _prove_pairing(checkpoint: Checkpoint, sender: str, sent: list[Exchange], en
             f"channel into whole records ({tested} channels hold data on both sides). Give these exchanges their record "
             "types in --schema (records are then checked value by value), or drop their in-flight data (--drop-in-flight)."
         )
+
+
+def pairing_evidence(checkpoint: Checkpoint, engine: Engine) -> Callable[[Exchange], str]:
+    """What the bytes say of a candidate exchange (a sender's output partition paired with an
+    input gate), as ``ckpt schema`` prints it next to each candidate sender."""
+
+    def evidence(candidate: Exchange) -> str:
+        found = engine.map(junction, channel_tasks(checkpoint, [candidate]))
+        problems = [j for j in found if j.problem]
+        if problems:
+            first = problems[0]
+            return f"the bytes contradict it (channel {first.upstream_subtask} -> {first.downstream_subtask}: {first.problem})"
+        tested = sum(j.both_sides for j in found)
+        if not tested:
+            return "the bytes cannot tell (no channel holds data on both sides)"
+        return f"the bytes fit ({tested} channels: the output side continues the input side)"
+
+    return evidence

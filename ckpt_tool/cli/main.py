@@ -277,10 +277,12 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
 def schema(checkpoint, plan, schema) -> None:
     """Print a schema file (TOML) to fill in: every exchange of CHECKPOINT holding in-flight data,
     its operators by uid, name and id, gate, partition, partitioner, and type and key where known."""
+    from ckpt_tool.exchanges import pairing_evidence
     from ckpt_tool.records.skeleton import schema_skeleton
 
     with open_session(checkpoint, schema, plan, "local", None, (), require_files=False) as session:
-        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint), nl=False)
+        evidence = None if any(session.checkpoint.file_problems()) else pairing_evidence(session.checkpoint, session.engine)
+        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint, evidence), nl=False)
 
 
 @cli.command()
