@@ -248,3 +248,63 @@ def pairing_evidence(checkpoint: Checkpoint, engine: Engine) -> Callable[[Exchan
         return f"the bytes fit ({tested} channels: the output side continues the input side)"
 
     return evidence
+
+
+def _described(pairing: tuple[int, ...], names: list[str]) -> str:
+    return ", ".join(f"partition {p} -> {name}" for p, name in zip(pairing, names))
+
+
+MAX_PAIRED_CONSUMERS = 5  # 5! pairings of partitions to consumers, each tested on every channel
+
+
+def resolve_partitions(checkpoint: Checkpoint, exchanges: list[Exchange], engine: Callable[[], Engine]) -> list[str]:
+    """Where an operator sends to several exchanges, holds output-side in-flight data and the
+    partition of some exchange is not stated (Flink's plan does not give it), the pairing of its
+    output partitions 0..k-1 with its k exchanges that the bytes alone fit is taken (``junction``
+    on every logical channel, stated partitions kept); none or several are refused with the
+    evidence. Returns a note per pairing taken."""
+    metadata = checkpoint.metadata
+    by_sender: dict[str, list[Exchange]] = defaultdict(list)
+    for exchange in exchanges:
+        if exchange.upstream_id:
+            by_sender[exchange.upstream_id].append(exchange)
+    notes = []
+    for sender, sent in by_sender.items():
+        if len(sent) < 2 or all(e.partition_stated for e in sent):
+            continue
+        if not any(h.offsets for s in metadata.operator(sender).subtasks for h in s.channel_handles(OUTPUT)):
+            continue
+        names = [f"{metadata.label(e.downstream_id)} (gate {e.gate})" for e in sent]
+        label = metadata.label(sender)
+        if len(sent) > MAX_PAIRED_CONSUMERS:
+            raise MappingError(f"{label} sends to {len(sent)} exchanges: give each its `partition` in --schema")
+        fitting: list[tuple[int, ...]] = []
+        contradicted: list[str] = []
+        for pairing in itertools.permutations(range(len(sent))):
+            if any(e.partition_stated and e.partition != p for e, p in zip(sent, pairing)):
+                continue
+            candidates = [replace(e, partition=p) for e, p in zip(sent, pairing)]
+            found = engine().map(junction, channel_tasks(checkpoint, candidates))
+            bad = next((j for j in found if j.problem), None)
+            if bad is None:
+                fitting.append(pairing)
+            else:
+                contradicted.append(
+                    f"partition {pairing[bad.exchange_index]} -> {names[bad.exchange_index]}: channel "
+                    f"{bad.upstream_subtask} -> {bad.downstream_subtask}, {bad.problem}"
+                )
+
+        if len(fitting) != 1:
+            said = (
+                f"the pairings {_described(fitting[0], names)} and {_described(fitting[1], names)} both fit the bytes"
+                if fitting
+                else "the bytes contradict every pairing (" + "; ".join(contradicted[:3]) + ")"
+            )
+            raise MappingError(
+                f"{label} sends to {', '.join(names)} and holds in-flight output data, but which output partition feeds "
+                f"which is not known (Flink's plan does not say) and {said}: give `partition` for each in --schema"
+            )
+        for exchange, partition in zip(sent, fitting[0]):
+            exchange.partition, exchange.partition_stated = partition, True
+        notes.append(f"{label}: {_described(fitting[0], names)}, the one pairing the bytes fit")
+    return notes

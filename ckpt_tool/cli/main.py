@@ -126,6 +126,9 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
         checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
     )
 
+    for note in session.notes:  # what was derived from the bytes (output partitions)
+        click.echo(f"ckpt: note: {note}", err=True)
+
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:
             click.echo(f"ckpt: warning: {warning}", err=True)
