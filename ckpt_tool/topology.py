@@ -124,7 +124,8 @@ def _vertices(metadata: CheckpointMetadata, job_plan: Optional[JobPlan], exchang
     vertices = {op.id_hex: _Vertex(op.id_hex, op.label, [op.id_hex], op.id_hex, [], False) for op in metadata.operators}
     for exchange in exchanges:
         if exchange.upstream_id in vertices and exchange.downstream_id in vertices:
-            vertices[exchange.downstream_id].inputs.append((exchange.upstream_id, exchange.partitioner))
+            partitioner = exchange.partitioner or ("HASH" if exchange.keyed else None)
+            vertices[exchange.downstream_id].inputs.append((exchange.upstream_id, partitioner))
     return vertices
 
 
@@ -139,7 +140,7 @@ def derive_links(
         for upstream, partitioner in vertex.inputs:
             if upstream not in vertices or new.get(upstream) != new.get(vertex.id):
                 continue
-            if vertex.inputs_complete and len(vertex.inputs) != 1:
+            if len(vertex.inputs) > 1:
                 continue  # an operator with several inputs is never chained to one of them
             was_apart = old.get(upstream) != old.get(vertex.id)
             if partitioner == "REBALANCE" and was_apart:
