@@ -235,6 +235,8 @@ def changed_ids(
             for consumer in consumers.get(link.upstream, []):
                 spread(consumer, 0, f"no uid, and its input's id changes ({pair})")
     if target_plan is not None:
+        for op_id in [op_id for op_id in changed if op_id in target_plan]:
+            del changed[op_id]  # the target plan has a chain headed by it: its id stays
         target_heads = {t.chain[0]: t_id for t_id, t in target_plan.items() if t.chain}
         for vertex in vertices.values():
             head_name = vertex.names[0] if vertex.names else ""
