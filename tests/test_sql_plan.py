@@ -21,12 +21,21 @@ PLAN = FIXTURE.directory / "compiled-plan.json"
 
 def test_exchanges_from_the_compiled_plan():
     metadata = Checkpoint.open(str(FIXTURE.checkpoint)).metadata
-    (exchange,) = sql_plan_exchanges(str(PLAN), metadata)
+    exchange, sink = sql_plan_exchanges(str(PLAN), metadata)
     keyed = next(e for e in FIXTURE.info["exchanges"] if e["ship_strategy"] == "HASH")
     assert exchange.downstream_id == keyed["downstream_operator"] and exchange.partitioner == "HASH"
     assert exchange.key == ("user_name", "region", "bucket")
     assert exchange.record_type.startswith("binary_row<user_name:string,region:char(4),bucket:decimal(20,2),")
     assert "ltz:timestamp_ltz(3)" in exchange.record_type and "arr:array<int>" in exchange.record_type
+    # the sink at parallelism 1: the rebalance from the constraint enforcer to the writer, which no
+    # exchange node shows, typed with the sink's input rows
+    rebalanced = next(e for e in FIXTURE.info["exchanges"] if e["ship_strategy"] == "REBALANCE")
+    assert (sink.upstream_id, sink.downstream_id, sink.partitioner) == (
+        "fbb6c44fbe07a6557b07113b83a89e16",  # 5_constraint-validator
+        rebalanced["downstream_operator"],
+        "REBALANCE",
+    )
+    assert sink.record_type.startswith("binary_row<user_name:string,region:char(4)") and not sink.keyed
 
 
 def test_without_names_operators_are_found_by_the_planners_uids():
@@ -91,3 +100,21 @@ def test_unreadable_compiled_plan(tmp_path):
     bad.write_text('{"nodes": 3}')
     with pytest.raises(SqlPlanError, match="cannot read compiled plan"):
         sql_plan_exchanges(str(bad), Checkpoint.open(str(FIXTURE.checkpoint)).metadata)
+
+
+@pytest.mark.flink
+def test_the_compiled_plan_alone_rescales_and_flink_restores_it(ckpt, tmp_path):
+    """No --plan, no --schema: every exchange (the rebalance into the p=1 sink too) comes from the
+    compiled plan; Flink 2.3 restores the rescaled checkpoint with the exact count."""
+    import flink_env
+
+    destination = tmp_path / "out" / "job" / FIXTURE.checkpoint.name
+    code, out, err = ckpt(
+        "rescale", str(FIXTURE.checkpoint), str(destination), "-p", "3", "--sql-plan", str(PLAN), "--engine", "local", "--json"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["records_out"] == report["records_in"] > 0
+    assert {e["partitioner"] for e in report["exchanges"]} == {"HASH", "REBALANCE"}
+    info = FIXTURE.info
+    assert flink_env.restore_count(info["flink_version"], destination, 3, job="sqltypes", n=info["n"]) == info["source_records"]

@@ -74,6 +74,8 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
         raise SqlPlanError(f"cannot read compiled plan {path}: {exc} (expected the JSON of COMPILE PLAN)") from exc
     exchanges = []
     for node_id, node in nodes.items():
+        if str(node.get("type", "")).startswith("stream-exec-sink"):
+            exchanges += _sink_exchange(path, node_id, nodes, edges)
         if not str(node.get("type", "")).startswith("stream-exec-exchange"):
             continue
         sources = [s for s, t in edges if t == node_id]
@@ -91,6 +93,23 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
             gate = [s for s, t in edges if t == target].index(node_id)
             exchanges.append(SqlExchange(node_id, sources[0], target, gate, row_type, partitioner, key, description))
     return exchanges
+
+
+def _sink_exchange(path: str, node_id: int, nodes: dict, edges: list) -> list[SqlExchange]:
+    """A sink node at a parallelism of its own (``sink.parallelism``) holds an exchange among its
+    own operators, which no exchange node shows: from the operator before the sink writer (the
+    constraint enforcer) to the writer, REBALANCE as Flink makes an edge without a partitioner
+    between two parallelisms. Its rows are the sink's input rows. Marked by ``upstream_node ==
+    downstream_node``: the operators are told apart by parallelism when matched."""
+    sources = [s for s, t in edges if t == node_id]
+    if len(sources) != 1 or sources[0] not in nodes:
+        return []
+    try:
+        row_type = flink_type_json(checked_key(nodes[sources[0]], "outputType", FLINK_TYPE, SqlPlanError))
+    except (KeyError, TypeError, ValueError, CkptError):
+        return []  # a type ckpt cannot lay out: the exchange stays undescribed (untyped if --plan has it)
+    description = f"the rows into {nodes[node_id].get('description', f'sink node {node_id}')}"
+    return [SqlExchange(node_id, node_id, node_id, 0, row_type, "REBALANCE", (), description)]
 
 
 def _objects(document: dict, key: str) -> list[dict]:
@@ -152,6 +171,18 @@ def _pick(candidates: list[OperatorState], direction: str) -> Optional[OperatorS
     return chosen[0] if direction == INPUT else chosen[-1]
 
 
+def _inner_exchange(ops: list[OperatorState]) -> Optional[tuple[OperatorState, OperatorState]]:
+    """The sink writer (the node's operator holding input-channel state, else the last) and the
+    operator before it at another parallelism, where the node's operators run at two parallelisms."""
+    if len({op.parallelism for op in ops}) != 2:
+        return None
+    holding = [op for op in ops if any(s.channel_handles(INPUT) for s in op.subtasks)]
+    writers = [op for op in ops if (op.name or "").startswith("Sink:") or (op.uid or "").endswith("_sink")]
+    downstream = (holding or writers or ops[-1:])[0]
+    others = [op for op in ops if op.parallelism != downstream.parallelism]
+    return (others[0], downstream) if len(others) == 1 else None
+
+
 def sql_plan_exchanges(path: str, metadata: CheckpointMetadata):
     """The exchanges of a compiled plan as ckpt's exchanges; every exchange node must match."""
     from ckpt_tool.records.schema import Exchange
@@ -159,6 +190,12 @@ def sql_plan_exchanges(path: str, metadata: CheckpointMetadata):
     by_name = _by_node_id(metadata)
     exchanges, unmatched = [], []
     for sql in read_compiled_plan(path):
+        if sql.upstream_node == sql.downstream_node:  # within a sink node (``_sink_exchange``)
+            inner = _inner_exchange(by_name.get(sql.node) or _by_uid(metadata, sql.node))
+            if inner is not None:
+                sender, receiver = inner
+                exchanges.append(Exchange(sender.id_hex, receiver.id_hex, 0, 0, sql.partitioner, sql.row_type, ()))
+            continue
         ends = []
         for node, direction in ((sql.upstream_node, OUTPUT), (sql.downstream_node, INPUT)):
             op = _pick(by_name.get(node) or _by_uid(metadata, node), direction)
