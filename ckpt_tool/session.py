@@ -56,12 +56,13 @@ class Session:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
         described = schema or plan or sql_plan
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, unstated_ok=True) if described else None
+        notes: list[str] = []
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, True, notes) if described else None
         check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
-        session = Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
+        session = Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet, notes=notes)
         if exchanges:  # output partitions the plan does not pair with its consumers: from the bytes
             try:
-                session.notes = resolve_partitions(checkpoint, exchanges, lambda: session.engine)
+                session.notes += resolve_partitions(checkpoint, exchanges, lambda: session.engine)
             except BaseException:
                 session.close()
                 raise

@@ -118,3 +118,34 @@ def test_the_compiled_plan_alone_rescales_and_flink_restores_it(ckpt, tmp_path):
     assert {e["partitioner"] for e in report["exchanges"]} == {"HASH", "REBALANCE"}
     info = FIXTURE.info
     assert flink_env.restore_count(info["flink_version"], destination, 3, job="sqltypes", n=info["n"]) == info["source_records"]
+
+
+def shifted_plan(tmp_path, shift: int = 15):
+    """The fixture's compiled plan as another TableEnvironment numbers it: the same nodes, every id
+    ``shift`` higher (16..20 for 1..5)."""
+    document = json.loads(PLAN.read_text())
+    for node in document["nodes"]:
+        node["id"] += shift
+    for edge in document["edges"]:
+        edge["source"] += shift
+        edge["target"] += shift
+    path = tmp_path / "compiled-elsewhere.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_a_plan_compiled_in_another_table_environment_is_matched_by_structure(ckpt, tmp_path):
+    metadata = Checkpoint.open(str(FIXTURE.checkpoint)).metadata
+    notes: list[str] = []
+    elsewhere = shifted_plan(tmp_path)
+    assert sql_plan_exchanges(elsewhere, metadata, notes) == sql_plan_exchanges(str(PLAN), metadata)
+    assert notes and "node ids differ from the job's by -15" in notes[0]
+    for op in metadata.operators:  # as metadata v3/v4 (Flink 1.x) stores them: by the planner's uids
+        op.name = op.uid = None
+    assert sql_plan_exchanges(elsewhere, metadata) == sql_plan_exchanges(str(PLAN), metadata)
+    code, out, err = ckpt("schema", str(FIXTURE.checkpoint), "--sql-plan", elsewhere)
+    assert code == 0 and "matched by the structure of its nodes" in err and 'upstream = "5_constraint-validator"' in out
+    # shifted onto another job's nodes of other kinds: still refused
+    other = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
+    code, _, err = ckpt("inspect", str(other.checkpoint), "--sql-plan", elsewhere, "--engine", "local")
+    assert code == 2 and "does not fit this checkpoint" in err

@@ -342,6 +342,7 @@ def load_exchanges(
     plan: Optional[JobPlan],
     sql_plan: Optional[str] = None,
     unstated_ok: bool = False,
+    notes: Optional[list[str]] = None,
 ) -> list[Exchange]:
     """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
     over the compiled plan's, which win over the plan's). ``unstated_ok``: see ``check_partitions``."""
@@ -349,7 +350,7 @@ def load_exchanges(
     if sql_plan:
         from ckpt_tool.records.sql_plan import sql_plan_exchanges
 
-        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata), metadata)
+        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata, notes), metadata)
     from_schema = load_schema(schema, metadata) if schema else []
     exchanges = merge_exchanges(from_plan, from_schema, metadata)
     check_partitions(exchanges, metadata, unstated_ok)
