@@ -384,7 +384,14 @@ def _chain_problems(
     members = [m for v in chain for m in vertices[v].members if m in ops]
     inputs = [m for m in members if m != head and after.holds(ops[m], INPUT)]
     tails = {vertices[v].tail for v in ends}
-    outputs = [m for m in members if after.holds(ops[m], OUTPUT) and (m not in tails or len(tails) > 1)]
+    now_inside = {vertices[v].tail for v in chain if v in linked_up}  # tails whose output is chained now
+
+    def not_the_tail(m: str) -> bool:
+        if len(tails) > 1:
+            return True  # several ends: which one Flink takes for the tail is not known
+        return m in now_inside or (None not in tails and m not in tails)
+
+    outputs = [m for m in members if after.holds(ops[m], OUTPUT) and not_the_tail(m)]
     problems = []
     label = " + ".join(vertices[v].label for v in chain)
     for side, holders, checked in (
