@@ -8,14 +8,17 @@ needs none.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import channel_tasks, scan_channel
+from ckpt_tool.engine.tasks import Junction, channel_tasks, junction, scan_channel
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import ChannelScan, suspect_key_groups
 from ckpt_tool.records.schema import Exchange
@@ -146,3 +149,162 @@ def scan_each_exchange(
         except CkptError as exc:
             result.append(ExchangeScan(exchange, [], 0, _key_group_ranges(checkpoint, exchange), str(exc)))
     return result
+
+
+def record_counter(checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine):
+    """A function of an exchange's index to its in-flight record count, scanned on first ask."""
+    counts: dict[int, int] = {}
+
+    def records_of(index: int) -> int:
+        if index not in counts:
+            counts[index] = scan_exchanges(checkpoint, [exchanges[index]], engine)[0].total("records")
+        return counts[index]
+
+    return records_of
+
+
+class MappingError(CkptError):
+    """The bytes contradict which output partition the exchanges say feeds them, or cannot tell."""
+
+
+def _untyped(exchange: Exchange) -> bool:
+    return not exchange.record_type and not exchange.decoder
+
+
+def check_output_mapping(
+    checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, only: Optional[set[int]] = None
+) -> None:
+    """Framing-level proof of which output partition feeds which exchange, for every operator that
+    sends to several exchanges, holds output-side in-flight data and sends to an untyped one (a
+    typed exchange's records are checked value by value): the stated pairing must hold at every
+    logical channel (``junction``), and no other pairing of the same partitions may hold too.
+    ``only``: indexes of the exchanges whose data is rewritten (the others are left as they are)."""
+    metadata = checkpoint.metadata
+    by_sender: dict[str, list[int]] = defaultdict(list)
+    for index, exchange in enumerate(exchanges):
+        if exchange.upstream_id:
+            by_sender[exchange.upstream_id].append(index)
+    for sender, indexes in by_sender.items():
+        sent = [exchanges[i] for i in indexes]
+        if len(sent) < 2 or not any(_untyped(e) for e in sent):
+            continue
+        if only is not None and not any(i in only for i in indexes):
+            continue
+        if not any(h.offsets for s in metadata.operator(sender).subtasks for h in s.channel_handles(OUTPUT)):
+            continue
+        _prove_pairing(checkpoint, sender, sent, engine)
+
+
+def _prove_pairing(checkpoint: Checkpoint, sender: str, sent: list[Exchange], engine: Engine) -> None:
+    metadata = checkpoint.metadata
+    stated = [e.partition for e in sent]
+    outcomes: dict[tuple[int, ...], list[Junction]] = {}
+    for pairing in itertools.permutations(stated):
+        candidates = [replace(e, partition=p) for e, p in zip(sent, pairing)]
+        outcomes[pairing] = engine.map(junction, channel_tasks(checkpoint, candidates))
+    fitting = [pairing for pairing, found in outcomes.items() if not any(j.problem for j in found)]
+    names = [f"{metadata.label(e.downstream_id)} (gate {e.gate})" for e in sent]
+
+    def described(pairing: tuple[int, ...]) -> str:
+        return ", ".join(f"partition {p} -> {name}" for p, name in zip(pairing, names))
+
+    stated_key = tuple(stated)
+    others = [p for p in fitting if p != stated_key and any(_untyped(e) and a != b for e, a, b in zip(sent, p, stated_key))]
+    sender_label = metadata.label(sender)
+    if stated_key not in fitting:
+        bad = next(j for j in outcomes[stated_key] if j.problem)
+        exchange = sent[bad.exchange_index]
+        message = (
+            f"{sender_label} -> {metadata.label(exchange.downstream_id)} (gate {exchange.gate}): the output side of partition "
+            f"{exchange.partition}, channel {bad.upstream_subtask} -> {bad.downstream_subtask}, does not continue the input "
+            f"side's last record: {bad.problem}. The stated pairing ({described(stated_key)}) is contradicted by the bytes"
+        )
+        if len(others) == 1:
+            message += f"; the bytes fit {described(others[0])} only"
+        raise MappingError(message + ". Give each exchange its `partition` in --schema as the job has it.")
+    if others:
+        tested = sum(j.both_sides for j in outcomes[stated_key])
+        raise MappingError(
+            f"{sender_label} sends to {', '.join(names)} through several output partitions and the bytes cannot tell which "
+            f"feeds which: the stated pairing ({described(stated_key)}) and {described(others[0])} both split every logical "
+            f"channel into whole records ({tested} channels hold data on both sides). Give these exchanges their record "
+            "types in --schema (records are then checked value by value), or drop their in-flight data (--drop-in-flight)."
+        )
+
+
+def pairing_evidence(checkpoint: Checkpoint, engine: Engine) -> Callable[[Exchange], str]:
+    """What the bytes say of a candidate exchange (a sender's output partition paired with an
+    input gate), as ``ckpt schema`` prints it next to each candidate sender."""
+
+    def evidence(candidate: Exchange) -> str:
+        found = engine.map(junction, channel_tasks(checkpoint, [candidate]))
+        problems = [j for j in found if j.problem]
+        if problems:
+            first = problems[0]
+            return f"the bytes contradict it (channel {first.upstream_subtask} -> {first.downstream_subtask}: {first.problem})"
+        tested = sum(j.both_sides for j in found)
+        if not tested:
+            return "the bytes cannot tell (no channel holds data on both sides)"
+        return f"the bytes fit ({tested} channels: the output side continues the input side)"
+
+    return evidence
+
+
+def _described(pairing: tuple[int, ...], names: list[str]) -> str:
+    return ", ".join(f"partition {p} -> {name}" for p, name in zip(pairing, names))
+
+
+MAX_PAIRED_CONSUMERS = 5  # 5! pairings of partitions to consumers, each tested on every channel
+
+
+def resolve_partitions(checkpoint: Checkpoint, exchanges: list[Exchange], engine: Callable[[], Engine]) -> list[str]:
+    """Where an operator sends to several exchanges, holds output-side in-flight data and the
+    partition of some exchange is not stated (Flink's plan does not give it), the pairing of its
+    output partitions 0..k-1 with its k exchanges that the bytes alone fit is taken (``junction``
+    on every logical channel, stated partitions kept); none or several are refused with the
+    evidence. Returns a note per pairing taken."""
+    metadata = checkpoint.metadata
+    by_sender: dict[str, list[Exchange]] = defaultdict(list)
+    for exchange in exchanges:
+        if exchange.upstream_id:
+            by_sender[exchange.upstream_id].append(exchange)
+    notes = []
+    for sender, sent in by_sender.items():
+        if len(sent) < 2 or all(e.partition_stated for e in sent):
+            continue
+        if not any(h.offsets for s in metadata.operator(sender).subtasks for h in s.channel_handles(OUTPUT)):
+            continue
+        names = [f"{metadata.label(e.downstream_id)} (gate {e.gate})" for e in sent]
+        label = metadata.label(sender)
+        if len(sent) > MAX_PAIRED_CONSUMERS:
+            raise MappingError(f"{label} sends to {len(sent)} exchanges: give each its `partition` in --schema")
+        fitting: list[tuple[int, ...]] = []
+        contradicted: list[str] = []
+        for pairing in itertools.permutations(range(len(sent))):
+            if any(e.partition_stated and e.partition != p for e, p in zip(sent, pairing)):
+                continue
+            candidates = [replace(e, partition=p) for e, p in zip(sent, pairing)]
+            found = engine().map(junction, channel_tasks(checkpoint, candidates))
+            bad = next((j for j in found if j.problem), None)
+            if bad is None:
+                fitting.append(pairing)
+            else:
+                contradicted.append(
+                    f"partition {pairing[bad.exchange_index]} -> {names[bad.exchange_index]}: channel "
+                    f"{bad.upstream_subtask} -> {bad.downstream_subtask}, {bad.problem}"
+                )
+
+        if len(fitting) != 1:
+            said = (
+                f"the pairings {_described(fitting[0], names)} and {_described(fitting[1], names)} both fit the bytes"
+                if fitting
+                else "the bytes contradict every pairing (" + "; ".join(contradicted[:3]) + ")"
+            )
+            raise MappingError(
+                f"{label} sends to {', '.join(names)} and holds in-flight output data, but which output partition feeds "
+                f"which is not known (Flink's plan does not say) and {said}: give `partition` for each in --schema"
+            )
+        for exchange, partition in zip(sent, fitting[0]):
+            exchange.partition, exchange.partition_stated = partition, True
+        notes.append(f"{label}: {_described(fitting[0], names)}, the one pairing the bytes fit")
+    return notes

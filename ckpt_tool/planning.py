@@ -61,7 +61,9 @@ def plan_rescale(
     overrides: dict[str, int],
     exchanges: list[Exchange],
     job_plan: Optional[JobPlan] = None,
+    drop: Optional[list[str]] = None,
 ) -> RescalePlan:
+    """``drop``: operators whose incoming in-flight data is dropped (``--drop-in-flight``)."""
     old = {op.id_hex: op.parallelism for op in metadata.operators}
     job_parallelism = Counter(old.values()).most_common(1)[0][0] if old else 1
     new = {op_id: (parallelism if parallelism and p == job_parallelism else p) for op_id, p in old.items()}
@@ -74,6 +76,7 @@ def plan_rescale(
                 f"operator {op.label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
             )
     plan = RescalePlan(old, new, exchanges, [])
+    _drop(metadata, plan, drop or [])
     _check_finished_markers(metadata, plan, job_plan)
     _check_channel_state(metadata, plan)
     return plan
@@ -124,20 +127,25 @@ def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: l
     """Same parallelism; keyed exchanges rerouted (replicas kept once, misplaced records moved to
     the subtask owning their key group); exchanges into the ``drop`` operators lose their data."""
     same = {op.id_hex: op.parallelism for op in metadata.operators}
+    plan = RescalePlan(same, dict(same), exchanges, [])
+    _drop(metadata, plan, drop)
+    _check_channel_state(metadata, plan, reroute_keyed=True)
+    return plan
+
+
+def _drop(metadata: CheckpointMetadata, plan: RescalePlan, drop: list[str]) -> None:
+    """Mark the exchanges into the ``drop`` operators as dropped."""
     dropped_ids = set()
     for ref in drop:
         try:
             dropped_ids.add(metadata.operator(ref).id_hex)
         except KeyError:
             raise RescaleError(f"--drop-in-flight {ref}: no such operator (use its uid, name or id)") from None
-    plan = RescalePlan(same, dict(same), exchanges, [])
-    plan.dropped = [i for i, e in enumerate(exchanges) if e.downstream_id in dropped_ids]
-    covered = {exchanges[i].downstream_id for i in plan.dropped}
+    plan.dropped = [i for i, e in enumerate(plan.exchanges) if e.downstream_id in dropped_ids]
+    covered = {plan.exchanges[i].downstream_id for i in plan.dropped}
     for op in metadata.operators:
         if op.id_hex in dropped_ids and op.id_hex not in covered and any(s.channel_handles(INPUT) for s in op.subtasks):
             raise RescaleError(f"--drop-in-flight {op.label}: no exchange in --plan/--schema leads into it")
-    _check_channel_state(metadata, plan, reroute_keyed=True)
-    return plan
 
 
 REFUSAL_REASONS = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ckpt_tool.engine import Engine, Progress, make_engine
+from ckpt_tool.exchanges import resolve_partitions
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_serializer import check_key_types
 from ckpt_tool.flink.model import INPUT, OUTPUT
@@ -33,6 +34,7 @@ class Session:
     quiet: bool = True  # Spark's own logging off
     progress: Progress = None
     warnings: list[str] = field(default_factory=list)  # the engine's, kept when it stops
+    notes: list[str] = field(default_factory=list)  # what was derived from the bytes (output partitions)
     _engine: Optional[Engine] = field(default=None, repr=False)
 
     @staticmethod
@@ -53,9 +55,18 @@ class Session:
         if require_files:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan) if (schema or plan or sql_plan) else None
+        described = schema or plan or sql_plan
+        notes: list[str] = []
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, True, notes) if described else None
         check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
-        return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
+        session = Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet, notes=notes)
+        if exchanges:  # output partitions the plan does not pair with its consumers: from the bytes
+            try:
+                session.notes += resolve_partitions(checkpoint, exchanges, lambda: session.engine)
+            except BaseException:
+                session.close()
+                raise
+        return session
 
     def __enter__(self) -> Session:
         return self

@@ -223,6 +223,10 @@ def rescale(source: Capture, destination: Path, old: int, new: int, before: dict
         str(source.plan),
         "--schema",
         str(cell / "schema.toml"),
+        # the job's plan at the new parallelism: its rebalance() into the sink stays unchained at
+        # equal parallelisms, which the plan of the old job cannot show (ckpt_tool/topology.py)
+        "--target-plan",
+        str(cell / "new" / "plan" / "plan.json"),
         "--json",
         *overrides,
     ]

@@ -71,7 +71,7 @@ def test_cli_writes_the_file(ckpt, tmp_path):
     code, stdout, err = ckpt("records", str(fixture.checkpoint), "--sql-plan", str(fixture.directory / "compiled-plan.json"),
                              "--engine", "local", "--out", str(out))  # fmt: skip
     assert code == 0, err
-    assert "records of 1 exchanges" in stdout and pq.read_table(out).num_rows > 0
+    assert "330 records of 2 exchanges" in stdout and pq.read_table(out).num_rows > 0
 
 
 def test_nothing_to_export(tmp_path):

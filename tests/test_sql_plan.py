@@ -21,12 +21,21 @@ PLAN = FIXTURE.directory / "compiled-plan.json"
 
 def test_exchanges_from_the_compiled_plan():
     metadata = Checkpoint.open(str(FIXTURE.checkpoint)).metadata
-    (exchange,) = sql_plan_exchanges(str(PLAN), metadata)
+    exchange, sink = sql_plan_exchanges(str(PLAN), metadata)
     keyed = next(e for e in FIXTURE.info["exchanges"] if e["ship_strategy"] == "HASH")
     assert exchange.downstream_id == keyed["downstream_operator"] and exchange.partitioner == "HASH"
     assert exchange.key == ("user_name", "region", "bucket")
     assert exchange.record_type.startswith("binary_row<user_name:string,region:char(4),bucket:decimal(20,2),")
     assert "ltz:timestamp_ltz(3)" in exchange.record_type and "arr:array<int>" in exchange.record_type
+    # the sink at parallelism 1: the rebalance from the constraint enforcer to the writer, which no
+    # exchange node shows, typed with the sink's input rows
+    rebalanced = next(e for e in FIXTURE.info["exchanges"] if e["ship_strategy"] == "REBALANCE")
+    assert (sink.upstream_id, sink.downstream_id, sink.partitioner) == (
+        "fbb6c44fbe07a6557b07113b83a89e16",  # 5_constraint-validator
+        rebalanced["downstream_operator"],
+        "REBALANCE",
+    )
+    assert sink.record_type.startswith("binary_row<user_name:string,region:char(4)") and not sink.keyed
 
 
 def test_without_names_operators_are_found_by_the_planners_uids():
@@ -91,3 +100,52 @@ def test_unreadable_compiled_plan(tmp_path):
     bad.write_text('{"nodes": 3}')
     with pytest.raises(SqlPlanError, match="cannot read compiled plan"):
         sql_plan_exchanges(str(bad), Checkpoint.open(str(FIXTURE.checkpoint)).metadata)
+
+
+@pytest.mark.flink
+def test_the_compiled_plan_alone_rescales_and_flink_restores_it(ckpt, tmp_path):
+    """No --plan, no --schema: every exchange (the rebalance into the p=1 sink too) comes from the
+    compiled plan; Flink 2.3 restores the rescaled checkpoint with the exact count."""
+    import flink_env
+
+    destination = tmp_path / "out" / "job" / FIXTURE.checkpoint.name
+    code, out, err = ckpt(
+        "rescale", str(FIXTURE.checkpoint), str(destination), "-p", "3", "--sql-plan", str(PLAN), "--engine", "local", "--json"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["records_out"] == report["records_in"] > 0
+    assert {e["partitioner"] for e in report["exchanges"]} == {"HASH", "REBALANCE"}
+    info = FIXTURE.info
+    assert flink_env.restore_count(info["flink_version"], destination, 3, job="sqltypes", n=info["n"]) == info["source_records"]
+
+
+def shifted_plan(tmp_path, shift: int = 15):
+    """The fixture's compiled plan as another TableEnvironment numbers it: the same nodes, every id
+    ``shift`` higher (16..20 for 1..5)."""
+    document = json.loads(PLAN.read_text())
+    for node in document["nodes"]:
+        node["id"] += shift
+    for edge in document["edges"]:
+        edge["source"] += shift
+        edge["target"] += shift
+    path = tmp_path / "compiled-elsewhere.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_a_plan_compiled_in_another_table_environment_is_matched_by_structure(ckpt, tmp_path):
+    metadata = Checkpoint.open(str(FIXTURE.checkpoint)).metadata
+    notes: list[str] = []
+    elsewhere = shifted_plan(tmp_path)
+    assert sql_plan_exchanges(elsewhere, metadata, notes) == sql_plan_exchanges(str(PLAN), metadata)
+    assert notes and "node ids differ from the job's by -15" in notes[0]
+    for op in metadata.operators:  # as metadata v3/v4 (Flink 1.x) stores them: by the planner's uids
+        op.name = op.uid = None
+    assert sql_plan_exchanges(elsewhere, metadata) == sql_plan_exchanges(str(PLAN), metadata)
+    code, out, err = ckpt("schema", str(FIXTURE.checkpoint), "--sql-plan", elsewhere)
+    assert code == 0 and "matched by the structure of its nodes" in err and 'upstream = "5_constraint-validator"' in out
+    # shifted onto another job's nodes of other kinds: still refused
+    other = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
+    code, _, err = ckpt("inspect", str(other.checkpoint), "--sql-plan", elsewhere, "--engine", "local")
+    assert code == 2 and "does not fit this checkpoint" in err

@@ -71,6 +71,19 @@ SQL_PLAN_OPTION = click.option(
 )
 
 
+TARGET_PLAN_OPTION = click.option(
+    "--target-plan",
+    type=click.Path(dir_okay=False),
+    help="Flink's plan JSON of the job as it will be started (its chains); else ckpt derives them by Flink's rules.",
+)
+
+
+def read_target_plan(path):
+    from ckpt_tool.flink.plan import load_target_plan
+
+    return load_target_plan(path) if path else None
+
+
 def session_options(command):
     """The options every command that reads records shares: inputs and the engine."""
     for option in reversed(
@@ -112,6 +125,9 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     session = Session.open(
         checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
     )
+
+    for note in session.notes:  # what was derived from the bytes (output partitions)
+        click.echo(f"ckpt: note: {note}", err=True)
 
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:
@@ -159,13 +175,23 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_
     metavar="OPERATOR=N",
     help="New parallelism of one operator (uid, name or id), repeatable.",
 )
+@click.option(
+    "--drop-in-flight",
+    "drop",
+    multiple=True,
+    metavar="OPERATOR",
+    help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable; what is dropped is reported.",
+)
 @session_options
+@TARGET_PLAN_OPTION
 @click.option("--dry-run", is_flag=True, help="Print the plan and what would be moved; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option(
     "--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots, before and after."
 )
-def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master, conf, dry_run, as_json, html_file):
+def rescale(
+    src, dst, parallelism, operators, drop, schema, plan, engine, spark_master, conf, target_plan, dry_run, as_json, html_file
+):
     """Write to DST a copy of checkpoint SRC for a new parallelism.
 
     Every new subtask holds exactly the in-flight records of its key groups; keyed and operator
@@ -177,9 +203,10 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     if not parallelism and not operators:
         raise click.UsageError("give --parallelism N or at least one --operator OPERATOR=N")
     overrides = parse_overrides(operators)
+    target = read_target_plan(target_plan)
     with open_session(src, schema, plan, engine, spark_master, conf) as session:
         with progress_bar("rescaling", enabled=not as_json) as session.progress:
-            report = run_rescale(session, dst, parallelism, overrides, dry_run)
+            report = run_rescale(session, dst, parallelism, overrides, dry_run, list(drop), target)
         if html_file:
             write_rescale_html(html_file, session, report, src, None if dry_run else dst)
     output_for(as_json).rescale(report)
@@ -196,8 +223,9 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     help="Drop the in-flight data flowing into OPERATOR (uid, name or id), repeatable.",
 )
 @session_options
+@TARGET_PLAN_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) -> None:
+def repair(src, dst, drop, schema, plan, engine, spark_master, conf, target_plan, as_json) -> None:
     """Write to DST a repaired copy of checkpoint SRC.
 
     Every subtask keeps only its own key groups' in-flight records, each once (replicas left by a
@@ -208,20 +236,26 @@ def repair(src, dst, drop, schema, plan, engine, spark_master, conf, as_json) ->
 
     if not (schema or plan or click.get_current_context().meta.get("sql_plan")):
         raise click.UsageError("repair needs --schema and/or --plan to know the exchanges")
+    target = read_target_plan(target_plan)
     with open_session(src, schema, plan, engine, spark_master, conf) as session:
         with progress_bar("repairing", enabled=not as_json) as session.progress:
-            report = run_repair(session, dst, list(drop))
+            report = run_repair(session, dst, list(drop), target)
     output_for(as_json).rescale(report)
 
 
 @cli.command()
 @click.argument("checkpoint")
-@click.option("--target-parallelism", type=click.IntRange(min=1), help="Also check that a rescale to N is possible.")
+@click.option(
+    "--target-parallelism",
+    type=click.IntRange(min=1),
+    help="Also check that a rescale to N is possible and Flink would restore it (chaining at N as Flink derives it).",
+)
 @session_options
+@TARGET_PLAN_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--junit", type=click.Path(dir_okay=False, writable=True), help="Also write the report as JUnit XML.")
 @click.option("--strict", is_flag=True, help="A check that cannot run (for want of --plan, --schema, ...) fails.")
-def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, conf, as_json, junit, strict) -> None:
+def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, conf, target_plan, as_json, junit, strict) -> None:
     """Check that CHECKPOINT is sound. Exit code 0 sound, 1 problems found, 2 unusable.
 
     Checks that need --plan, --schema or --target-parallelism are skipped without them, and the
@@ -230,7 +264,7 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
     from ckpt_tool.ops.verify import verify as run_verify
 
     with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
-        report = run_verify(session, target_parallelism, strict)
+        report = run_verify(session, target_parallelism, strict, read_target_plan(target_plan))
     if junit:
         with open(junit, "w") as f:
             f.write(junit_xml(report))
@@ -246,10 +280,12 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
 def schema(checkpoint, plan, schema) -> None:
     """Print a schema file (TOML) to fill in: every exchange of CHECKPOINT holding in-flight data,
     its operators by uid, name and id, gate, partition, partitioner, and type and key where known."""
+    from ckpt_tool.exchanges import pairing_evidence
     from ckpt_tool.records.skeleton import schema_skeleton
 
     with open_session(checkpoint, schema, plan, "local", None, (), require_files=False) as session:
-        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint), nl=False)
+        evidence = None if any(session.checkpoint.file_problems()) else pairing_evidence(session.checkpoint, session.engine)
+        click.echo(schema_skeleton(session.metadata, session.exchanges, checkpoint, evidence), nl=False)
 
 
 @cli.command()

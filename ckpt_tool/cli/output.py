@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -313,11 +314,11 @@ class RichOutput(Output):
             rows = [
                 [
                     p.check,
-                    p.operator or "",
+                    escape(p.operator or ""),
                     "" if p.subtask is None else str(p.subtask),
                     p.channel or "",
                     str(p.count),
-                    p.message,
+                    escape(p.message),  # Flink's names and messages hold brackets
                 ]
                 for p in problems
             ]

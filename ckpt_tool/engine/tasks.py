@@ -140,6 +140,40 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
         return scan_records(scan, records, keys, owned, suspects)
 
 
+@dataclass
+class Junction:
+    """Where the output side of a logical channel meets its input side: whether the stitched
+    stream splits into whole elements with valid tags (``problem`` says why not), and whether both
+    sides hold data (an empty side proves nothing)."""
+
+    exchange_index: int
+    upstream_subtask: int
+    downstream_subtask: int
+    both_sides: bool
+    problem: Optional[str] = None
+
+
+def junction(task: ChannelTask) -> Junction:
+    """The framing-level test of the pairing of ``task``'s output side with its input side: the
+    output side must continue the input side's last record, and every element from there on must
+    be whole and carry a valid ``StreamElementSerializer`` tag."""
+    with ChannelStateReader() as reader:
+        inputs = b"".join(reader.payload(source) for source in task.inputs)
+        outputs = b"".join(reader.payload(source) for source in task.outputs)
+    result = Junction(task.exchange_index, task.upstream_subtask, task.downstream_subtask, bool(inputs and outputs))
+    if not inputs and not outputs:
+        return result
+    try:
+        records = frame_channel(inputs + outputs)
+    except CkptError as exc:
+        result.problem = str(exc)
+        return result
+    if records.trailing:
+        where = "at the end of the input side, with no output side to continue it" if not outputs else "at the end"
+        result.problem = f"{records.trailing} bytes of a cut record {where} (byte {len(records.data) - records.trailing})"
+    return result
+
+
 # --- routing ------------------------------------------------------------------------------------
 
 

@@ -107,6 +107,19 @@ def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
     return JobPlan(vertices)
 
 
+def load_target_plan(path: str) -> dict[str, PlanVertex]:
+    """The plan of the job as it will be started (``--target-plan``): its vertices by id, not
+    matched to the checkpoint (an operator without a uid may have another id there)."""
+    vertices: dict[str, PlanVertex] = {}
+    for index, node in enumerate(read_plan_document(path)["nodes"]):
+        try:
+            vertex = _vertex(node, f"nodes[{index}]")
+        except PlanError as exc:
+            raise PlanError(f"target plan {path}: {exc}") from None
+        vertices[vertex.id] = vertex
+    return vertices
+
+
 def _check_matches(path: str, vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> None:
     """Every vertex of the plan is an operator of the checkpoint, and every input names a vertex."""
     known = {op.id_hex for op in metadata.operators}

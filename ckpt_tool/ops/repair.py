@@ -6,10 +6,19 @@ that flows into chosen operators (``--drop-in-flight``), reporting exactly what 
 
 from __future__ import annotations
 
+from typing import Optional
+
+from ckpt_tool.exchanges import check_output_mapping
+from ckpt_tool.flink.plan import PlanVertex
 from ckpt_tool.planning import plan_repair
 from ckpt_tool.rewrite import RescaleReport, rewrite
 from ckpt_tool.session import Session
+from ckpt_tool.topology import check_new_topology
 
 
-def repair(session: Session, dst: str, drop: list[str]) -> RescaleReport:
-    return rewrite(session, dst, plan_repair(session.metadata, session.described_exchanges, drop))
+def repair(session: Session, dst: str, drop: list[str], target_plan: Optional[dict[str, PlanVertex]] = None) -> RescaleReport:
+    """``target_plan``: the job's plan as it will be started (its chaining is checked as Flink checks it)."""
+    plan = plan_repair(session.metadata, session.described_exchanges, drop)
+    check_new_topology(session, plan, target_plan, "its parallelism")
+    check_output_mapping(session.checkpoint, plan.exchanges, session.engine, set(plan.rescaled + plan.dropped))
+    return rewrite(session, dst, plan)

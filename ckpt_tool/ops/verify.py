@@ -18,15 +18,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.exchanges import MappingError, check_output_mapping, scan_exchanges
 from ckpt_tool.flink.changelog import changelog_handles, read_change_set
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
-from ckpt_tool.flink.plan import JobPlan
-from ckpt_tool.planning import RescaleError, plan_rescale
+from ckpt_tool.flink.plan import JobPlan, PlanVertex
+from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
+from ckpt_tool.topology import check_new_topology
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
 # Small buffers (a lone watermark, say) are legitimately identical in many channels.
@@ -217,6 +218,12 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
     if exchanges is None or not usable:
         return [framing, placement, duplicates]
     metadata = session.metadata
+    try:
+        check_output_mapping(session.checkpoint, exchanges, session.engine)
+    except MappingError as exc:  # the channels would be stitched from the wrong sides: not scanned
+        framing.problems.append(Problem("record-framing", str(exc)))
+        placement.skipped = duplicates.skipped = placement.skipped or "the exchanges' output partitions are not proven"
+        return [framing, placement, duplicates]
     for scan in scan_exchanges(session.checkpoint, exchanges, session.engine):
         exchange = scan.exchange
         label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
@@ -256,18 +263,21 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
     return [framing, placement, duplicates]
 
 
-def check_target(session: Session, target: Optional[int]) -> CheckResult:
+def check_target(session: Session, target: Optional[int], target_plan: Optional[dict[str, PlanVertex]] = None) -> CheckResult:
     if target is None:
         return CheckResult("target-parallelism", "a rescale to a given parallelism is possible", "needs --target-parallelism N")
-    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible")
+    result = CheckResult("target-parallelism", f"a rescale to parallelism {target} is possible (Flink would restore it)")
     try:
-        plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
-    except RescaleError as exc:
+        plan = plan_rescale(session.metadata, target, {}, session.described_exchanges, session.plan)
+        check_new_topology(session, plan, target_plan, f"parallelism {target}")
+    except CkptError as exc:  # a refusal, or in-flight records that cannot be read to tell
         result.problems.append(Problem("target-parallelism", str(exc)))
     return result
 
 
-def verify(session: Session, target: Optional[int] = None, strict: bool = False) -> VerifyReport:
+def verify(
+    session: Session, target: Optional[int] = None, strict: bool = False, target_plan: Optional[dict[str, PlanVertex]] = None
+) -> VerifyReport:
     """Every check, in order. ``strict``: a check that could not run fails."""
     cp = session.checkpoint
     files = check_files(cp)
@@ -279,7 +289,7 @@ def verify(session: Session, target: Optional[int] = None, strict: bool = False)
     ]
     usable = not any(c.problems for c in checks if c.unusable)
     checks += check_records(session, usable)
-    checks.append(check_target(session, target))
+    checks.append(check_target(session, target, target_plan))
     if strict:
         for check in checks:
             if check.skipped:

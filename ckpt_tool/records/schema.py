@@ -312,10 +312,11 @@ def merge_exchanges(
     return list(merged.values())
 
 
-def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata) -> None:
+def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata, unstated_ok: bool = False) -> None:
     """An operator that sends to several exchanges sends each through its own output partition:
     where that is not stated and the operator holds output-side in-flight data, the data could be
-    paired with the wrong exchange, so it is refused, asking for ``partition`` in the schema."""
+    paired with the wrong exchange, so it is refused, asking for ``partition`` in the schema
+    (``unstated_ok``: the caller proves the pairing from the bytes instead)."""
     by_sender: dict[str, list[Exchange]] = {}
     for exchange in exchanges:
         if exchange.upstream_id:
@@ -328,7 +329,7 @@ def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata) ->
         if len(stated) != len(set(stated)):
             raise SchemaError(f"{metadata.label(sender)} sends to {names} through one output partition; give each its own")
         holds_output = any(s.channel_handles(OUTPUT) for s in metadata.operator(sender).subtasks)
-        if holds_output and not all(e.partition_stated for e in sent):
+        if holds_output and not unstated_ok and not all(e.partition_stated for e in sent):
             raise SchemaError(
                 f"{metadata.label(sender)} sends to {names} and holds in-flight output data, but which output partition "
                 "feeds which is not known (Flink's plan does not say): give `partition` for each in --schema"
@@ -336,16 +337,21 @@ def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata) ->
 
 
 def load_exchanges(
-    metadata: CheckpointMetadata, schema: Optional[str], plan: Optional[JobPlan], sql_plan: Optional[str] = None
+    metadata: CheckpointMetadata,
+    schema: Optional[str],
+    plan: Optional[JobPlan],
+    sql_plan: Optional[str] = None,
+    unstated_ok: bool = False,
+    notes: Optional[list[str]] = None,
 ) -> list[Exchange]:
     """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
-    over the compiled plan's, which win over the plan's)."""
+    over the compiled plan's, which win over the plan's). ``unstated_ok``: see ``check_partitions``."""
     from_plan = plan_exchanges(plan) if plan else []
     if sql_plan:
         from ckpt_tool.records.sql_plan import sql_plan_exchanges
 
-        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata), metadata)
+        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata, notes), metadata)
     from_schema = load_schema(schema, metadata) if schema else []
     exchanges = merge_exchanges(from_plan, from_schema, metadata)
-    check_partitions(exchanges, metadata)
+    check_partitions(exchanges, metadata, unstated_ok)
     return exchanges

@@ -5,13 +5,16 @@ state) and the receiving operator (the head of its chain, which holds input-chan
 uid, name and id, with gate, partition, partitioner and what is in flight; the record type and
 key are filled in where a compiled SQL plan or a schema says them, else left as placeholders.
 Without a plan, exchanges are known by their receiving side only: the senders that could feed
-each are listed for the user to choose.
+each are listed for the user to choose, each once, with the output buffers and bytes it holds,
+without those the parallelisms rule out (a sender's output subpartitions are the receiver's
+subtasks, a receiver's input channels the sender's subtasks), and with what the bytes say of
+the pairing where the caller can read them (``evidence``).
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections.abc import Callable
 from typing import Optional
 
 from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
@@ -35,7 +38,14 @@ def _ref(op: OperatorState) -> str:
     return json.dumps(op.uid or op.id_hex)
 
 
-def schema_skeleton(metadata: CheckpointMetadata, exchanges: Optional[list[Exchange]], source: str) -> str:
+def schema_skeleton(
+    metadata: CheckpointMetadata,
+    exchanges: Optional[list[Exchange]],
+    source: str,
+    evidence: Optional[Callable[[Exchange], str]] = None,
+) -> str:
+    """``evidence``: what the bytes say of a candidate pairing of a sender's output partition with
+    an undescribed input gate (``ckpt_tool.exchanges.pairing_evidence``)."""
     lines = [
         f"# Exchanges holding in-flight data in {source} (checkpoint {metadata.checkpoint_id}, metadata v{metadata.version}).",
         "# Fill in each type and key (README: Record types), then: ckpt inspect CHECKPOINT --schema THIS_FILE",
@@ -67,7 +77,7 @@ def schema_skeleton(metadata: CheckpointMetadata, exchanges: Optional[list[Excha
             lines += [f'partitioner = "{exchange.partitioner}"']
         lines += _type_and_key(exchange)
         lines += [""]
-    count += _unplanned(metadata, described, lines)
+    count += _unplanned(metadata, described, lines, evidence)
     for op in metadata.operators:
         for partition in sorted(
             {h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)} - {p for i, p in sent if i == op.id_hex}
@@ -101,26 +111,41 @@ def _type_and_key(exchange: Exchange) -> list[str]:
             '# key = ["..."]       # the key fields: positions ("f0") or names']  # fmt: skip
 
 
-def _unplanned(metadata: CheckpointMetadata, described: set, lines: list[str]) -> int:
+def _unplanned(
+    metadata: CheckpointMetadata, described: set, lines: list[str], evidence: Optional[Callable[[Exchange], str]]
+) -> int:
     """Entries for input gates with data that no plan described: the receiver is known, the
-    sender is one of the operators with output state."""
+    sender is one of the operators with output state that the parallelisms allow."""
     gates: dict[tuple[str, int], OperatorState] = {}
     for op in metadata.operators:
         for s in op.subtasks:
             for h in s.channel_handles(INPUT):
                 if (op.id_hex, h.info[0]) not in described:
                     gates[(op.id_hex, h.info[0])] = op
-    senders = defaultdict(list)
-    for op in metadata.operators:
-        for partition in sorted({h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)}):
-            senders[partition].append(op)
     for (_, gate), downstream in sorted(gates.items(), key=lambda item: (item[1].label, item[0][1])):
         lines += ["[[exchange]]", f"# downstream (head of its chain): {_describe(downstream)}"]
-        lines += [_figures(_in_flight(downstream, INPUT, gate), (0, 0))]
-        candidates = [op for ops in senders.values() for op in ops if op.id_hex != downstream.id_hex]
+        buffers, size = _in_flight(downstream, INPUT, gate)
+        lines += [f"# in flight: {buffers} input buffers ({size} bytes) at the receiver; the sender's below"]
+        channels = [h.info[1] for s in downstream.subtasks for h in s.channel_handles(INPUT) if h.info[0] == gate]
+        candidates = []
+        for op in metadata.operators:
+            if op.id_hex == downstream.id_hex or (channels and max(channels) >= op.parallelism):
+                continue  # input channel c is the sender's subtask c (or one of its subtasks, pointwise)
+            for partition in sorted({h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)}):
+                subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT) if h.info[0] == partition]
+                if max(subpartitions) < downstream.parallelism:  # subpartition d feeds the receiver's subtask d
+                    candidates.append((op, partition))
         if candidates:
-            lines += ["# upstream: the tail of the sending chain; operators with output state:"]
-            lines += [f"#   {_ref(op)}: {_describe(op)}" for op in candidates]
+            lines += ["# upstream: the tail of the sending chain; operators with output state the parallelisms allow:"]
+            for op, partition in candidates:
+                out_buffers, out_bytes = _in_flight(op, OUTPUT, partition)
+                said = f"; {evidence(Exchange(op.id_hex, downstream.id_hex, gate, partition))}" if evidence else ""
+                lines += [
+                    f"#   {_ref(op)}, partition {partition}: {out_buffers} output buffers ({out_bytes} bytes){said}",
+                    f"#     ({_describe(op)})",
+                ]
+        else:
+            lines += ["# upstream: no operator holds output state for it (the sender sent it all)"]
         lines += ['# upstream = "..."', f"downstream = {_ref(downstream)}", f"gate = {gate}", "partition = 0"]
         lines += ['# partitioner = "HASH"']
         lines += _type_and_key(Exchange(None, downstream.id_hex))

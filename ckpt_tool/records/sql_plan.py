@@ -58,6 +58,7 @@ class SqlExchange:
     partitioner: Optional[str]
     key: tuple[Any, ...]
     description: str
+    node_types: tuple[str, str] = ("", "")  # of the upstream and downstream nodes, e.g. "calc", "groupaggregate"
 
 
 def read_compiled_plan(path: str) -> list[SqlExchange]:
@@ -74,6 +75,8 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
         raise SqlPlanError(f"cannot read compiled plan {path}: {exc} (expected the JSON of COMPILE PLAN)") from exc
     exchanges = []
     for node_id, node in nodes.items():
+        if str(node.get("type", "")).startswith("stream-exec-sink"):
+            exchanges += _sink_exchange(path, node_id, nodes, edges)
         if not str(node.get("type", "")).startswith("stream-exec-exchange"):
             continue
         sources = [s for s, t in edges if t == node_id]
@@ -89,8 +92,46 @@ def read_compiled_plan(path: str) -> list[SqlExchange]:
         description = str(node.get("description", ""))
         for target in targets:
             gate = [s for s, t in edges if t == target].index(node_id)
-            exchanges.append(SqlExchange(node_id, sources[0], target, gate, row_type, partitioner, key, description))
+            types = (_kind(nodes[sources[0]].get("type")), _kind(nodes[target].get("type")) if target in nodes else "")
+            exchanges.append(SqlExchange(node_id, sources[0], target, gate, row_type, partitioner, key, description, types))
     return exchanges
+
+
+def _sink_exchange(path: str, node_id: int, nodes: dict, edges: list) -> list[SqlExchange]:
+    """A sink node at a parallelism of its own (``sink.parallelism``) holds an exchange among its
+    own operators, which no exchange node shows: from the operator before the sink writer (the
+    constraint enforcer) to the writer, REBALANCE as Flink makes an edge without a partitioner
+    between two parallelisms. Its rows are the sink's input rows. Marked by ``upstream_node ==
+    downstream_node``: the operators are told apart by parallelism when matched."""
+    sources = [s for s, t in edges if t == node_id]
+    if len(sources) != 1 or sources[0] not in nodes:
+        return []
+    try:
+        row_type = flink_type_json(checked_key(nodes[sources[0]], "outputType", FLINK_TYPE, SqlPlanError))
+    except (KeyError, TypeError, ValueError, CkptError):
+        return []  # a type ckpt cannot lay out: the exchange stays undescribed (untyped if --plan has it)
+    description = f"the rows into {nodes[node_id].get('description', f'sink node {node_id}')}"
+    return [SqlExchange(node_id, node_id, node_id, 0, row_type, "REBALANCE", (), description, ("sink", "sink"))]
+
+
+def _kind(text: Any) -> str:
+    """A node's kind as operator names and uids spell it: ``stream-exec-group-aggregate_1`` ->
+    ``groupaggregate``, a table source scan -> ``source``."""
+    kind = re.sub(r"[^a-z]", "", re.sub(r"^stream-exec-|_\d+$", "", str(text or "").lower()))
+    return "source" if kind.startswith("tablesourcescan") else kind
+
+
+def _kinds_of(ops: list[OperatorState], node: int) -> set[str]:
+    """The kinds the operators of a node say they are: by name (``GroupAggregate[4]``, ``Sink: t[5]``)
+    or by the transformation of their uid (``4_group-aggregate``)."""
+    kinds = set()
+    for op in ops:
+        if op.name:
+            kinds.add(re.sub(r"[^a-z]", "", re.split(r"[:\[]", op.name.lower())[0]))
+        for transformation in TRANSFORMATIONS:
+            if op.id_hex == operator_id_of_uid(f"{node}_{transformation}"):
+                kinds.add(re.sub(r"[^a-z]", "", transformation))
+    return kinds
 
 
 def _objects(document: dict, key: str) -> list[dict]:
@@ -152,16 +193,42 @@ def _pick(candidates: list[OperatorState], direction: str) -> Optional[OperatorS
     return chosen[0] if direction == INPUT else chosen[-1]
 
 
-def sql_plan_exchanges(path: str, metadata: CheckpointMetadata):
-    """The exchanges of a compiled plan as ckpt's exchanges; every exchange node must match."""
+def _inner_exchange(ops: list[OperatorState]) -> Optional[tuple[OperatorState, OperatorState]]:
+    """The sink writer (the node's operator holding input-channel state, else the last) and the
+    operator before it at another parallelism, where the node's operators run at two parallelisms."""
+    if len({op.parallelism for op in ops}) != 2:
+        return None
+    holding = [op for op in ops if any(s.channel_handles(INPUT) for s in op.subtasks)]
+    writers = [op for op in ops if (op.name or "").startswith("Sink:") or (op.uid or "").endswith("_sink")]
+    downstream = (holding or writers or ops[-1:])[0]
+    others = [op for op in ops if op.parallelism != downstream.parallelism]
+    return (others[0], downstream) if len(others) == 1 else None
+
+
+def _matched(sqls: list[SqlExchange], metadata: CheckpointMetadata, shift: int):
+    """The exchanges whose nodes (their ids plus ``shift``) match the checkpoint's operators, and
+    the nodes that match none."""
     from ckpt_tool.records.schema import Exchange
 
     by_name = _by_node_id(metadata)
+
+    def operators(node: int, kind: str = "") -> list[OperatorState]:
+        found = by_name.get(node + shift) or _by_uid(metadata, node + shift)
+        if shift and kind and kind not in _kinds_of(found, node + shift):
+            return []  # shifted onto a node of another kind: no match
+        return found
+
     exchanges, unmatched = [], []
-    for sql in read_compiled_plan(path):
+    for sql in sqls:
+        if sql.upstream_node == sql.downstream_node:  # within a sink node (``_sink_exchange``)
+            inner = _inner_exchange(operators(sql.node, "sink"))
+            if inner is not None:
+                sender, receiver = inner
+                exchanges.append(Exchange(sender.id_hex, receiver.id_hex, 0, 0, sql.partitioner, sql.row_type, ()))
+            continue
         ends = []
-        for node, direction in ((sql.upstream_node, OUTPUT), (sql.downstream_node, INPUT)):
-            op = _pick(by_name.get(node) or _by_uid(metadata, node), direction)
+        for node, direction, kind in zip((sql.upstream_node, sql.downstream_node), (OUTPUT, INPUT), sql.node_types):
+            op = _pick(operators(node, kind), direction)
             if op is None:
                 unmatched.append(f"node {node}")
             ends.append(op)
@@ -170,11 +237,42 @@ def sql_plan_exchanges(path: str, metadata: CheckpointMetadata):
             unmatched[-1] += f" (exchange node {sql.node}: {sql.description or sql.row_type})"
             continue
         exchanges.append(Exchange(upstream.id_hex, downstream.id_hex, sql.gate, 0, sql.partitioner, sql.row_type, sql.key))
+    return exchanges, unmatched
+
+
+def _checkpoint_node_ids(metadata: CheckpointMetadata) -> set[int]:
+    found = set(_by_node_id(metadata))
+    common = ("source", "calc", "group-aggregate", "join", "constraint-validator", "sink")
+    uids = {operator_id_of_uid(f"{n}_{t}"): n for n in range(1, 1000) for t in common}
+    found |= {uids[op.id_hex] for op in metadata.operators if op.id_hex in uids}
+    return found
+
+
+def sql_plan_exchanges(path: str, metadata: CheckpointMetadata, notes: Optional[list[str]] = None):
+    """The exchanges of a compiled plan as ckpt's exchanges; every exchange node must match.
+
+    A plan compiled anew (another TableEnvironment, another SQL client run) numbers its nodes
+    otherwise (16..30 for 1..15): where its own ids do not match, the one shift of every node id
+    under which every exchange matches is taken, and said in ``notes``."""
+    sqls = read_compiled_plan(path)
+    exchanges, unmatched = _matched(sqls, metadata, 0)
+    if unmatched:
+        plan_nodes = {n for sql in sqls for n in (sql.upstream_node, sql.downstream_node)}
+        shifts = sorted({c - n for c in _checkpoint_node_ids(metadata) for n in plan_nodes} - {0})
+        fitting = [(shift, found) for shift in shifts for found, missing in [_matched(sqls, metadata, shift)] if not missing]
+        if len(fitting) == 1:
+            shift, exchanges = fitting[0]
+            unmatched = []
+            if notes is not None:
+                notes.append(
+                    f"compiled plan {path}: its node ids differ from the job's by {shift:+d} (compiled in another "
+                    "TableEnvironment); matched by the structure of its nodes"
+                )
     if unmatched:
         raise SqlPlanError(
             f"compiled plan {path} does not fit this checkpoint: no operator of {', '.join(dict.fromkeys(unmatched))} "
             "(operators are matched by the node ids in their names, e.g. GroupAggregate[4], or by the planner's "
-            "uids <node id>_<transformation>); is it the plan of this job?"
+            "uids <node id>_<transformation>, also with every node id shifted by one amount); is it the plan of this job?"
         )
     if not exchanges:
         raise SqlPlanError(f"compiled plan {path} has no exchange nodes")

@@ -1,0 +1,167 @@
+"""The job graph at the new parallelism, checked as Flink checks it before a restore (ckpt_tool.topology).
+
+Both SQL fixtures hold in-flight records on the REBALANCE exchange into their p=1 sink. At
+parallelism 1 that edge is FORWARD and chained: Flink 2.3 refuses the job graph's new chain
+(flink23-sqltypes-p2, whose operators have uids) or the new id of the sink without a uid
+(flink23-sql-p2). ckpt refuses both with Flink's own words, writing nothing; what Flink says of
+the checkpoint ckpt would have written is asserted on real Flink, and the way out ckpt offers
+(--drop-in-flight of the sink) is restored by real Flink with the exact count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import flink_env
+from catalog import fixture_named
+from ckpt_tool.planning import RescaleError, plan_rescale
+from ckpt_tool.rewrite import rewrite
+from ckpt_tool.session import Session
+from ckpt_tool.topology import CHAINED
+
+SQL = fixture_named("flink23-sql-p2")
+SQLTYPES = fixture_named("flink23-sqltypes-p2")
+COUNTJOB = fixture_named("flink23-hashmap-p2")
+SINK_ID = "d1f88f581f7db6bdd7872c2ac6a9f331"  # 5_sink of flink23-sqltypes-p2
+SQL_SINK_ID = "c236b8d78d6f266597f918c317358f20"  # Sink: counts[16] of flink23-sql-p2 (no uid)
+CHAINED_SINK = f"{CHAINED} The following operators contain channel state: [{SINK_ID}]"
+NOT_MAPPED = f"Cannot map checkpoint/savepoint state for operator {SQL_SINK_ID} to the new program"
+
+
+def args(fixture, *more: str) -> list[str]:
+    return [str(fixture.checkpoint), "--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local", *more]
+
+
+def written_without_the_check(fixture, tmp_path):
+    """The checkpoint ckpt's rewrite would write at parallelism 1, the topology check left out."""
+    session = Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan, "local")
+    destination = tmp_path / "unchecked" / "job" / fixture.checkpoint.name
+    plan = plan_rescale(session.metadata, 1, {}, session.described_exchanges, session.plan)
+    rewrite(session, str(destination), plan)
+    return destination
+
+
+def flink_refusal(fixture, checkpoint, tmp_path) -> str:
+    """Flink's whole error output (whitespace folded) when it refuses to restore ``checkpoint`` at parallelism 1."""
+    info = fixture.info
+    arguments = flink_env.job_args(
+        "restore",
+        parallelism=1,
+        n=info["n"],
+        backend=info["backend"],
+        checkpoint_dir=tmp_path / "restore-ckpts",
+        restore=checkpoint,
+        job=info["job_kind"],
+    )
+    result = flink_env.run_java(info["flink_version"], "CountJob", arguments, timeout=600)
+    assert result.returncode != 0, "Flink restored it"
+    return " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "job, reason",
+    [(SQLTYPES, CHAINED_SINK), (SQL, NOT_MAPPED)],
+    ids=["chained-exchange", "uid-less-id-changes"],
+)
+def test_rescale_to_one_is_refused_with_flinks_reason_and_nothing_written(ckpt, tmp_path, job, reason):
+    destination = tmp_path / "out"
+    code, _, err = ckpt("rescale", *args(job, "-p", "1"), str(destination))
+    assert code == 2 and "Traceback" not in err
+    assert reason in err and "Flink would not restore this checkpoint" in err
+    assert "--drop-in-flight" in err  # the way out: the in-flight data of the exchange that becomes chained
+    assert not destination.exists()
+
+
+@pytest.mark.parametrize("job, reason", [(SQLTYPES, CHAINED_SINK), (SQL, NOT_MAPPED)], ids=["sqltypes", "sql"])
+def test_verify_target_parallelism_one_says_flink_would_refuse(ckpt, job, reason):
+    code, out, err = ckpt("verify", *args(job, "--target-parallelism", "1", "--json"))
+    report = json.loads(out)
+    assert code == 1, err
+    problems = [p["message"] for p in report["problems"] if p["check"] == "target-parallelism"]
+    assert len(problems) == 1 and reason in problems[0]
+
+
+def test_verify_target_parallelism_flink_accepts(ckpt):
+    code, out, err = ckpt("verify", *args(COUNTJOB, "--target-parallelism", "1", "--json"))
+    assert code == 0, err
+    assert next(c for c in json.loads(out)["checks"] if c["name"] == "target-parallelism")["status"] == "passed"
+
+
+def test_equal_parallelism_across_a_former_rebalance_edge(ckpt, tmp_path):
+    """Only the sink's parallelism changes (1 -> 2, that of its upstream chain): its input edge is
+    FORWARD and chained at 2 as at 1."""
+    code, _, err = ckpt("rescale", *args(SQLTYPES, "--operator", "5_sink=2", "--dry-run"), str(tmp_path / "a"))
+    assert code == 2 and CHAINED_SINK in err
+    # the CountJob's print sink chains with final-filter too, but that edge holds no in-flight data
+    code, _, err = ckpt("rescale", *args(COUNTJOB, "--operator", "print=2", "--dry-run"), str(tmp_path / "b"))
+    assert code == 0, err
+
+
+def target_plan(fixture, tmp_path, chain_sink: bool):
+    """The fixture's plan at parallelism 1, the sink kept apart or chained to its upstream."""
+    document = json.loads((fixture.directory / "plan.json").read_text())
+    plan = document.get("plan", document)
+    for node in plan["nodes"]:
+        node["parallelism"] = 1
+    if chain_sink:
+        sink = next(n for n in plan["nodes"] if n["id"] == SINK_ID)
+        upstream = next(n for n in plan["nodes"] if n["id"] == sink["inputs"][0]["id"])
+        upstream["description"] += "+- " + sink["description"]
+        plan["nodes"] = [n for n in plan["nodes"] if n is not sink]
+    path = tmp_path / f"target-{chain_sink}.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_target_plan_overrides_the_derivation(ckpt, tmp_path):
+    apart = target_plan(SQLTYPES, tmp_path, chain_sink=False)
+    code, _, err = ckpt("rescale", *args(SQLTYPES, "-p", "1", "--dry-run", "--target-plan", apart), str(tmp_path / "a"))
+    assert code == 0, err
+    chained = target_plan(SQLTYPES, tmp_path, chain_sink=True)
+    code, _, err = ckpt("rescale", *args(SQLTYPES, "-p", "1", "--dry-run", "--target-plan", chained), str(tmp_path / "b"))
+    assert code == 2 and CHAINED_SINK in err and "--target-plan chains them" in err
+    # a repair at the same parallelism is checked against the target plan too
+    code, _, err = ckpt("repair", *args(SQLTYPES, "--target-plan", chained), str(tmp_path / "c"))
+    assert code == 2 and CHAINED in err and not (tmp_path / "c").exists()
+
+
+def test_without_a_plan_the_unknown_partitioner_is_taken_as_chained(tmp_path):
+    session = Session.open(str(SQLTYPES.checkpoint), SQLTYPES.schema, None, "local")
+    from ckpt_tool.ops.rescale import rescale
+
+    with pytest.raises(RescaleError, match="without --plan ckpt cannot tell"):
+        rescale(session, str(tmp_path / "out"), 1, dry_run=True)
+
+
+def test_the_check_follows_the_written_state(tmp_path):
+    """Dropping the exchange that becomes chained leaves nothing to refuse; the other exchanges are rerouted."""
+    session = Session.open(str(SQLTYPES.checkpoint), SQLTYPES.schema, SQLTYPES.plan, "local")
+    from ckpt_tool.ops.rescale import rescale
+
+    report = rescale(session, str(tmp_path / "out"), 1, dry_run=True, drop=["5_sink"])
+    assert [d.downstream for d in report.dropped] == [SINK_ID] and report.dropped[0].records > 0
+
+
+@pytest.mark.flink
+@pytest.mark.parametrize("job, reason", [(SQLTYPES, CHAINED_SINK), (SQL, NOT_MAPPED)], ids=["sqltypes", "sql"])
+def test_flink_refuses_what_ckpt_refuses(job, tmp_path, reason):
+    """What ckpt's rewrite would have written at parallelism 1: real Flink refuses it, for the reason ckpt gives."""
+    refusal = flink_refusal(job, written_without_the_check(job, tmp_path), tmp_path)
+    assert " ".join(reason.split()) in refusal
+
+
+@pytest.mark.flink
+def test_dropping_the_chained_exchange_restores_exactly(ckpt, tmp_path):
+    destination = tmp_path / "dropped" / "job" / SQLTYPES.checkpoint.name
+    code, out, err = ckpt("rescale", *args(SQLTYPES, "-p", "1", "--drop-in-flight", "5_sink", "--json"), str(destination))
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(d["downstream"], d["records"] > 0) for d in report["dropped"]] == [(SINK_ID, True)]
+    assert report["records_out"] == report["records_in"]
+    info = SQLTYPES.info
+    count = flink_env.restore_count(info["flink_version"], destination, 1, job=info["job_kind"], n=info["n"])
+    # the sink's changelog ends with every key's last count: rows dropped before the sink are
+    # updates that later rows of the same keys supersede
+    assert count == info["source_records"]
