@@ -31,7 +31,7 @@ import xxhash
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
 from ckpt_tool.records.framing import framing as _framing
-from ckpt_tool.storage import FileIO, io_for, parent
+from ckpt_tool.storage import FileIO, io_for
 from ckpt_tool.storage.base import is_s3
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class BufferSource:
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
         location = checkpoint.location(delegate)
-        beneath = None if location is None or is_s3(location) else parent(checkpoint.uri)
+        beneath = None if location is None or is_s3(location) else checkpoint.job_dir
         return BufferSource(location, inline, segment, list(handle.offsets), beneath)
 
     @property

@@ -85,7 +85,7 @@ class Checkpoint:
         uri = normalize_uri(uri).rstrip("/")
         if uri.endswith("/" + METADATA_FILE):
             uri = parent(uri)
-        io = io_for(uri).confined(parent(uri))  # every file named in the job directory is read there
+        io = io_for(uri).confined(job_directory(uri))  # every file named in the job directory is read there
         metadata_uri = join(uri, METADATA_FILE)
         if not io.exists(metadata_uri):
             raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
@@ -95,6 +95,11 @@ class Checkpoint:
         if not is_s3(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint
+
+    @property
+    def job_dir(self) -> str:
+        """The job directory: files named in it are read only where they really are inside it."""
+        return job_directory(self.uri)
 
     def location(self, handle) -> str | None:
         """Where a stream handle's bytes are now, or None for inline data."""
@@ -151,7 +156,7 @@ class Checkpoint:
         Checked here once, early, for a clear message before anything is written; every read
         checks it again on the file it opens (``FileIO.confined``), as a link may be swapped in
         while ckpt runs."""
-        job_dir = os.path.abspath(parent(self.uri) or ".")
+        job_dir = self.job_dir
         real_job_dir = os.path.realpath(job_dir)
         real_dirs: dict[str, str] = {}
         for uri in map(os.path.abspath, self.referenced_files()):
@@ -185,6 +190,11 @@ class Checkpoint:
         if isinstance(handle, SegmentFileHandle):
             return self.io.read_range(uri, handle.start, handle.size)
         return self.io.read(uri)
+
+
+def job_directory(uri: str) -> str:
+    """The job directory of the checkpoint at ``uri``: its parent (absolute, where local)."""
+    return parent(uri) if is_s3(uri) else os.path.dirname(os.path.abspath(normalize_uri(uri)))
 
 
 def _escapes(path: str) -> bool:

@@ -46,7 +46,7 @@ class LocalFileIO(FileIO):
         return normalize_uri(uri)
 
     def confined(self, directory: str) -> LocalFileIO:
-        return LocalFileIO(os.path.abspath(normalize_uri(directory) or "."))
+        return LocalFileIO(os.path.abspath(normalize_uri(directory)))
 
     def _open(self, uri: str) -> int:
         """A descriptor of the regular file at ``uri``, opened for reading, in blocking mode."""
