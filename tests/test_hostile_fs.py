@@ -222,7 +222,8 @@ def test_a_dead_runs_journal_is_all_a_rerun_removes(ckpt, tmp_path):
         "file /etc/passwd",
         "prefix ckpt-inflight-q-0-0-attempt-",
     ]
-    (destination / LOCK_FILE).write_text(json.dumps(record) + "\n" + "\n".join(journal) + "\n")
+    unfinished = "prefix ckpt-"  # a line its run died writing: it would name every file
+    (destination / LOCK_FILE).write_text(json.dumps(record) + "\n" + "\n".join(journal) + "\n" + unfinished)
     before = tree(tmp_path)
     code, _, err = ckpt("rescale", BASE.checkpoint, destination, "-p", "3", *INPUTS, "--engine", "local")
     one_line_error(code, err, f"{destination} holds 1 files of an earlier ckpt run that did not finish ({destination}/ckpt-keep)")

@@ -254,11 +254,11 @@ def _take_over(claim: Claim) -> int:
 def _read_lock(fd: int) -> tuple[Optional[dict], list[str], list[str]]:
     """A lock's record (None where it is empty or not one: the lock is untrusted) and its journal:
     the names and the prefixes its run created files under. Reads at most MAX_LOCK_BYTES."""
-    data = os.pread(fd, MAX_LOCK_BYTES, 0)
+    data = os.pread(fd, min(os.fstat(fd).st_size, MAX_LOCK_BYTES), 0)
     first, _, journal = data.partition(b"\n")
     names: list[str] = []
     prefixes: list[str] = []
-    for line in journal.split(b"\n"):
+    for line in journal.split(b"\n")[:-1]:  # whole lines only: a run may die writing one
         match = _JOURNAL_LINE.fullmatch(line)
         if match:
             (names if match.group(1) == b"file" else prefixes).append(match.group(2).decode())
