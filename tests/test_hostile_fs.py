@@ -162,6 +162,7 @@ def test_a_killed_run_and_its_rerun_leave_a_nested_checkpoint_alone(tmp_path, la
     assert files_in(b_dst) == b_files
     assert verify(b_dst, INPUTS) == 0 and verify(a_dst, large[1]) == 0
     assert not (a_dst / LOCK_FILE).exists() and not (b_dst / LOCK_FILE).exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing written elsewhere
 
 
 @pytest.mark.parametrize("dying, finishing", NESTINGS)
@@ -183,6 +184,7 @@ def test_a_failing_run_leaves_a_nested_checkpoint_alone(tmp_path, large, dying, 
         assert [p.name for p in a_dst.iterdir()] == ["sub"]
     else:  # A made out/sub: it is gone; out is B's
         assert not a_dst.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing written elsewhere
 
 
 def test_a_run_failing_beside_a_finished_nested_checkpoint_leaves_it_alone(tmp_path):
@@ -203,6 +205,7 @@ def test_a_run_failing_beside_a_finished_nested_checkpoint_leaves_it_alone(tmp_p
     assert len(failed.stderr.strip().splitlines()) == 1 and "Traceback" not in failed.stderr
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["sub"]
     assert files_in(b_dst) == b_files and verify(b_dst, INPUTS) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "out"]
 
 
 def test_a_dead_runs_journal_is_all_a_rerun_removes(ckpt, tmp_path):
@@ -278,6 +281,7 @@ def test_a_link_planted_in_dst_during_a_run_leaves_its_target_alone(tmp_path, la
     assert os.readlink(destination / "ckpt-zz") == str(victim)
     modes = {p.name: stat.S_IMODE(p.lstat().st_mode) for p in destination.iterdir() if p.name != "ckpt-zz"}
     assert len(modes) == json.loads(out)["files_written"] + 1 and all(m & 0o044 for m in modes.values()), modes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "job", "victim"]
 
 
 def test_set_mode_changes_only_a_regular_file_of_its_own(tmp_path):
