@@ -20,6 +20,7 @@ from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_k
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.tasks import (
+    ATTEMPT,
     ReadBack,
     ReadBackTask,
     RoutedFile,
@@ -282,6 +283,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
         report.dropped = _dropped_report(dropped, source, engine)
         return report
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
+    # journaled before any is created: each task's file, and on Spark each attempt's
+    claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
     routed: list[RoutedFile] = engine.map(
         lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
     )

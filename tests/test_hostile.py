@@ -166,6 +166,7 @@ def test_outputs_are_never_more_readable_than_their_source(ckpt, tmp_path):
 def test_a_live_claim_makes_a_second_run_exit_2_and_touch_nothing(ckpt, tmp_path):
     destination = tmp_path / "dst"
     claim = take_claim(str(destination))  # another run, alive (this process holds its flock)
+    claim.will_create(["ckpt-inflight-x-0-0"])
     (destination / "ckpt-inflight-x-0-0").write_bytes(b"another run's data")
     before = tree(destination)
     try:
@@ -373,6 +374,7 @@ def test_an_s3_destination_claimed_by_another_run_is_refused_with_what_to_remove
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="claimed")
     claim = take_claim("s3://claimed/dst")
+    claim.will_create(["ckpt-inflight-x-0-0"])
     s3.put_object(Bucket="claimed", Key="dst/ckpt-inflight-x-0-0", Body=b"that run's data")
     objects = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="claimed")["Contents"])
     code, _, err = ckpt(*rescale_args(BASE.checkpoint, "s3://claimed/dst"))

@@ -204,10 +204,9 @@ def discard_other_attempts(dst: str, tasks: list[RouteTask], routed: list[Routed
     winners = {r.file_name for r in routed}
     prefixes = tuple(t.file_name + ATTEMPT for t in tasks)
     io, removed = io_for(dst), []
-    for uri in io.list(dst):
-        name = uri[len(join(dst, "")) :] if uri.startswith(join(dst, "")) else uri.rsplit("/", 1)[-1]
+    for name in io.list_names(dst):  # the files directly in dst: ckpt writes into no subdirectory
         if name.startswith(prefixes) and name not in winners:
-            io.delete(uri)
+            io.delete(join(dst, name))
             removed.append(name)
     return removed
 

@@ -55,13 +55,16 @@ class BufferSource:
     inline: Optional[bytes]
     segment: Optional[tuple[int, int]]
     offsets: list[int]
+    beneath: Optional[str] = None  # the source's job directory: files named in it are read only there
 
     @staticmethod
     def of(checkpoint: Checkpoint, handle: ChannelStateHandle) -> BufferSource:
         delegate = handle.delegate
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
-        return BufferSource(checkpoint.location(delegate), inline, segment, list(handle.offsets))
+        location = checkpoint.location(delegate)
+        beneath = None if location is None or is_s3(location) else checkpoint.job_dir
+        return BufferSource(location, inline, segment, list(handle.offsets), beneath)
 
     @property
     def where(self) -> str:
@@ -141,7 +144,8 @@ class ChannelStateReader:
             data = memoryview(span)
         else:
             if location not in self._mapped:
-                self._mapped[location] = io_for(location).map(location)
+                io = io_for(location)
+                self._mapped[location] = (io if source.beneath is None else io.confined(source.beneath)).map(location)
             data, offsets = memoryview(self._mapped[location]), source.offsets
         if source.segment:
             start, size = source.segment

@@ -22,6 +22,9 @@ from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
 from ckpt_tool.storage.base import is_s3, within
 
 METADATA_FILE = "_metadata"
+# The most ckpt reads of a _metadata file (its size from the open file, before reading): Flink's
+# largest, with every small state inline, are tens of MB; a larger one is refused unread.
+MAX_METADATA_BYTES = 512 * 1024 * 1024
 
 
 @dataclass
@@ -82,16 +85,21 @@ class Checkpoint:
         uri = normalize_uri(uri).rstrip("/")
         if uri.endswith("/" + METADATA_FILE):
             uri = parent(uri)
-        io = io_for(uri)
+        io = io_for(uri).confined(job_directory(uri))  # every file named in the job directory is read there
         metadata_uri = join(uri, METADATA_FILE)
         if not io.exists(metadata_uri):
             raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
-        metadata = read_metadata(io.read(metadata_uri), source=metadata_uri)
+        metadata = read_metadata(io.read_at_most(metadata_uri, MAX_METADATA_BYTES), source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
         checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
         if not is_s3(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint
+
+    @property
+    def job_dir(self) -> str:
+        """The job directory: files named in it are read only where they really are inside it."""
+        return job_directory(self.uri)
 
     def location(self, handle) -> str | None:
         """Where a stream handle's bytes are now, or None for inline data."""
@@ -144,11 +152,14 @@ class Checkpoint:
 
     def refuse_escaping_links(self) -> None:
         """A referenced file inside the job directory that is a symbolic link out of it (to
-        ``/etc/shadow``, say) is refused: its bytes would be read, and copied into an output."""
-        job_dir = parent(self.uri)
+        ``/etc/shadow``, say) is refused: its bytes would be read, and copied into an output.
+        Checked here once, early, for a clear message before anything is written; every read
+        checks it again on the file it opens (``FileIO.confined``), as a link may be swapped in
+        while ckpt runs."""
+        job_dir = self.job_dir
         real_job_dir = os.path.realpath(job_dir)
         real_dirs: dict[str, str] = {}
-        for uri in self.referenced_files():
+        for uri in map(os.path.abspath, self.referenced_files()):
             if not within(uri, job_dir):
                 continue  # a file Flink shares with other jobs (CLAIM mode): left where it is, never copied
             directory, name = os.path.split(uri)
@@ -179,6 +190,11 @@ class Checkpoint:
         if isinstance(handle, SegmentFileHandle):
             return self.io.read_range(uri, handle.start, handle.size)
         return self.io.read(uri)
+
+
+def job_directory(uri: str) -> str:
+    """The job directory of the checkpoint at ``uri``: its parent (absolute, where local)."""
+    return parent(uri) if is_s3(uri) else os.path.dirname(os.path.abspath(normalize_uri(uri)))
 
 
 def _escapes(path: str) -> bool:

@@ -62,9 +62,28 @@ class FileIO(ABC):
     @abstractmethod
     def exists(self, uri: str) -> bool: ...
 
+    def list_names(self, uri: str) -> list[str]:
+        """The names of the files directly in ``uri`` (nothing below its subdirectories), sorted."""
+        base = normalize_uri(uri).rstrip("/") + "/"
+        return sorted(u[len(base) :] for u in self.list(uri) if u.startswith(base) and "/" not in u[len(base) :])
+
     @abstractmethod
     def list(self, uri: str) -> list[str]:
         """Every file below ``uri`` (recursively), as full URIs, sorted."""
+
+    def read_at_most(self, uri: str, limit: int) -> bytes:
+        """The whole file, refused (StorageError) without reading it where it holds more than
+        ``limit`` bytes."""
+        size = self.size(uri)
+        data = self.read(uri) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise StorageError(f"{uri} has {max(size, len(data))} bytes, more than the {limit} ckpt reads: refused")
+        return data
+
+    def confined(self, directory: str) -> FileIO:
+        """This storage, reading the files named below ``directory`` only where they really are
+        below it (local symbolic links are checked on every open; object stores have none)."""
+        return self
 
     def map(self, uri: str):
         """The whole file as a bytes-like object (memory-mapped where the storage allows)."""

@@ -1,29 +1,99 @@
-"""Local file system storage."""
+"""Local file system storage.
+
+Every file read is opened once, without blocking (``O_NONBLOCK``: a FIFO never hangs the open),
+and checked on the open descriptor: it must be a regular file (not a FIFO, a device or a
+directory), and what is read is the file that was checked. A FileIO confined to a directory
+(``confined``, as a checkpoint's job directory) opens the files named below that directory only
+where they really are below it: the path is resolved once (symbolic links that stay inside are
+followed), then opened one component at a time from the directory with ``O_NOFOLLOW``, so a
+link swapped in while ckpt runs is refused, never followed out.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
+import stat
 from collections.abc import Iterable
+from typing import Optional
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
-from ckpt_tool.storage.base import FileIO, normalize_uri
+from ckpt_tool.storage.base import FileIO, normalize_uri, within
+
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 class LocalFileIO(FileIO):
+    def __init__(self, root: Optional[str] = None):
+        self.root = root  # files named below it are read only where they really are below it
+
     def _path(self, uri: str) -> str:
         return normalize_uri(uri)
 
-    def read(self, uri: str) -> bytes:
+    def confined(self, directory: str) -> LocalFileIO:
+        return LocalFileIO(os.path.abspath(normalize_uri(directory)))
+
+    def _open(self, uri: str) -> int:
+        """A descriptor of the regular file at ``uri``, opened for reading, in blocking mode."""
+        path = self._path(uri)
         try:
-            with open(self._path(uri), "rb") as f:
+            if self.root is not None and within(os.path.abspath(path), self.root):
+                fd = _open_beneath(uri, os.path.abspath(path), self.root)
+            else:
+                fd = os.open(path, READ_FLAGS)
+        except OSError as exc:
+            raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise StorageError(f"{uri} is {kind_of(mode)}, not a regular file: refused")
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self, uri: str) -> bytes:
+        fd = self._open(uri)
+        try:
+            with os.fdopen(fd, "rb") as f:
                 return f.read()
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
 
-    def read_range(self, uri: str, start: int, length: int) -> bytes:
+    def read_at_most(self, uri: str, limit: int) -> bytes:
+        """The whole file, refused without reading it where the open file holds more than ``limit``
+        bytes (its size as ``fstat`` gives it; a file that grows while read is cut at ``limit + 1``)."""
+        fd = self._open(uri)
         try:
-            with open(self._path(uri), "rb") as f:
+            with os.fdopen(fd, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = f.read(limit + 1) if size <= limit else b""
+        except OSError as exc:
+            raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+        if size > limit or len(data) > limit:
+            raise StorageError(f"{uri} has {max(size, len(data))} bytes, more than the {limit} ckpt reads: refused")
+        return data
+
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        fd = self._open(uri)
+        try:
+            with os.fdopen(fd, "rb") as f:
                 f.seek(start)
                 data = f.read(length)
         except OSError as exc:
@@ -34,12 +104,26 @@ class LocalFileIO(FileIO):
 
     def size(self, uri: str) -> int:
         try:
-            return os.path.getsize(self._path(uri))
+            info = os.stat(self._path(uri))
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+        if not stat.S_ISREG(info.st_mode):
+            raise StorageError(f"{uri} is {kind_of(info.st_mode)}, not a regular file: refused")
+        return info.st_size
 
     def exists(self, uri: str) -> bool:
         return os.path.exists(self._path(uri))
+
+    def list_names(self, uri: str) -> list[str]:
+        """The names of the entries directly in the directory ``uri`` that are not directories
+        (symbolic links included, never followed); subdirectories are not looked into."""
+        try:
+            with os.scandir(self._path(uri)) as entries:
+                return sorted(e.name for e in entries if not e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot list {uri}: {exc.strerror or exc}") from exc
 
     def list(self, uri: str) -> list[str]:
         root = self._path(uri)
@@ -49,11 +133,13 @@ class LocalFileIO(FileIO):
         return sorted(found)
 
     def map(self, uri: str):
+        fd = self._open(uri)
         try:
-            with open(self._path(uri), "rb") as f:
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         """Created owner-only (the writer opens it up as far as its sources are, at the end);
@@ -61,7 +147,7 @@ class LocalFileIO(FileIO):
         path = self._path(uri)
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError as exc:
             raise AlreadyExistsError(f"{uri} already exists; ckpt never overwrites files") from exc
         except OSError as exc:
@@ -77,10 +163,25 @@ class LocalFileIO(FileIO):
             raise
 
     def set_mode(self, uri: str, mode: int) -> None:
+        """Change the mode through a descriptor of the file itself: a symbolic link is never
+        followed, and only a regular file with no other name (not a hard link to someone else's
+        file) is changed."""
         try:
-            os.chmod(self._path(uri), mode)
+            fd = os.open(self._path(uri), READ_FLAGS | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StorageError(f"{uri} is a symbolic link, not a file ckpt wrote: refused") from exc
+            raise StorageError(f"cannot change the mode of {uri}: {exc.strerror or exc}") from exc
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                what = kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else "a file with other names (hard links)"
+                raise StorageError(f"{uri} is {what}, not a file ckpt wrote: refused")
+            os.fchmod(fd, mode)
         except OSError as exc:
             raise StorageError(f"cannot change the mode of {uri}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
 
     def delete(self, uri: str) -> None:
         try:
@@ -89,3 +190,29 @@ class LocalFileIO(FileIO):
             pass
         except OSError as exc:
             raise StorageError(f"cannot remove {uri}: {exc.strerror or exc}") from exc
+
+
+def _open_beneath(uri: str, path: str, root: str) -> int:
+    """Open ``path``, which is named below ``root``, only where it really is below ``root``: its
+    links are resolved once, then each component of what they resolve to is opened from ``root``
+    with ``O_NOFOLLOW``, so nothing swapped in later is followed."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if not within(real, real_root):
+        raise StorageError(f"{uri} is a symbolic link to {real}, outside {root}: refused")
+    parts = os.path.relpath(real, real_root).split("/")
+    directory = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], READ_FLAGS | os.O_NOFOLLOW, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        now = os.path.realpath(path)  # a component became a link since it was resolved
+        where = f"to {now}, outside {root}" if not within(now, real_root) else f"inside {root}"
+        raise StorageError(f"{uri} became a symbolic link {where} while ckpt read it: refused") from exc
+    finally:
+        os.close(directory)

@@ -12,7 +12,7 @@ from ckpt_tool.flink.metadata import OPERATOR_STATE, SEGMENT_OPERATOR_STATE, map
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, join, normalize_uri, parent
 from ckpt_tool.storage.base import is_s3, within
-from ckpt_tool.writer.claim import Claim, claimed
+from ckpt_tool.writer.claim import Claim, claimed, is_output_name
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -137,12 +137,15 @@ def write_checkpoint(
     map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
     writes += [(join(dst, name), lambda piece=piece: copied(*piece)) for piece, name in sorted(copies.items(), key=str)]
+    # journaled before they are created (and an engine's files, journaled before it ran; files a
+    # caller wrote under names of its own are its own)
+    claim.will_create([*sorted(new_files), *copies.values(), *sorted(n for n in already_written if is_output_name(n))])
     for done, (target, content) in enumerate(writes, start=1):
         out.write(target, content())
         if progress:
             progress(done, len(writes))
     mode = readable_mode(src)
-    for uri in claim.created_files():
+    for uri in claim.created_files():  # this run's files only; a link or hard link there is refused
         out.set_mode(uri, mode)
     published = join(dst, METADATA_FILE)
     out.write(published, write_metadata(metadata))

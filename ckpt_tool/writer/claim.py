@@ -1,14 +1,22 @@
 """One writer per destination: a run claims DST before it writes anything there.
 
 The claim is a lock file, ``DST/_ckpt_lock``, created exclusively (``O_EXCL`` locally, a
-conditional put with ``If-None-Match: *`` on S3) and holding a JSON record of the run: pid, host,
-start time and the files DST held before. Locally the run also holds an ``flock`` on it for its
-whole life; the kernel drops that when the process dies, even by ``kill -9``, so a later run can
-tell a dead claim from a live one and clean up after it. On S3 nothing tells whether the owner is
-still alive: a second run is refused with the exact list of what to remove if that run is dead.
+conditional put with ``If-None-Match: *`` on S3). Its first line is a JSON record of the run: pid,
+host, start time, the files directly in DST before it and the directories it created. Locally the
+run also holds an ``flock`` on it for its whole life; the kernel drops that when the process dies,
+even by ``kill -9``, so a later run can tell a dead claim from a live one and clean up after it.
 
-A run that fails removes exactly what it created: the files that were not in DST before, then
-the directories it made (never one that existed before it), then its lock.
+The lock is also the run's journal: before a file is created in DST, its name (or, for the files
+Spark's attempts name, the name's prefix) is appended to the lock as a line ``file NAME`` (``prefix
+NAME``) and the lock is fsynced. Cleanup, of a failed run or by the rerun after ``kill -9``, removes
+exactly the journaled names that exist directly in DST and were not there before: never a file of
+DST's subdirectories (another run's output may be there), never anything by a scan for
+``ckpt-*``. On S3 nothing tells whether the owner is still alive: a second run is refused with the
+exact list of what to remove if that run is dead (the ``ckpt-*`` objects directly in DST that
+were not there before it); there the journal is kept by the run itself, for its own cleanup.
+
+A run that fails removes exactly what it created: its journaled files, then its lock, then the
+directories it made (never one that existed before it).
 """
 
 from __future__ import annotations
@@ -17,12 +25,16 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
+
+import numpy as np
 
 from ckpt_tool.errors import AlreadyExistsError, CkptError, StorageError
 from ckpt_tool.storage import FileIO, io_for, join, normalize_uri
@@ -30,7 +42,10 @@ from ckpt_tool.storage.base import is_s3, within
 
 LOCK_FILE = "_ckpt_lock"
 OUTPUT_PREFIX = "ckpt-"  # every data file ckpt writes is named so
-MAX_RECORD_BYTES = 1 << 24
+MAX_LOCK_BYTES = 1 << 26  # a lock holds a record and a journal line per file written
+MAX_RECORD_DEPTH = 2  # the record is an object of strings, numbers and lists of strings
+_OUTPUT_NAME = re.compile(r"ckpt-[A-Za-z0-9_-]{1,200}")  # a name of a file directly in DST
+_JOURNAL_LINE = re.compile(rb"(file|prefix) (ckpt-[A-Za-z0-9_-]{1,200})")
 
 
 class DestinationBusyError(CkptError):
@@ -39,23 +54,49 @@ class DestinationBusyError(CkptError):
 
 @dataclass
 class Claim:
-    """This run's hold on ``dst``: what was there before, and the directories it created."""
+    """This run's hold on ``dst``: what was there before, the directories it created and the
+    files it creates (its journal)."""
 
     dst: str
     io: FileIO
-    before: set[str] = field(default_factory=set)
+    before: set[str] = field(default_factory=set)  # URIs of the files directly in DST before the run
     created_dirs: list[str] = field(default_factory=list)  # outermost first
     leftovers_removed: list[str] = field(default_factory=list)  # files of a dead run, cleaned up
+    names: set[str] = field(default_factory=set)  # files this run creates directly in DST
+    prefixes: set[str] = field(default_factory=set)  # ... and the prefixes of those Spark names
     _fd: Optional[int] = None
 
     @property
     def lock_uri(self) -> str:
         return join(self.dst, LOCK_FILE)
 
+    def will_create(self, names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> None:
+        """Journal, before any of them is created, the names of files this run is about to create
+        directly in DST (``prefixes``: files whose names start so, where Spark's attempts add a
+        suffix). Locally the lines are appended to the lock and fsynced: a rerun after ``kill -9``
+        removes exactly these."""
+        lines = []
+        for kind, wanted, known in (("file", names, self.names), ("prefix", prefixes, self.prefixes)):
+            for name in wanted:
+                if not is_output_name(name):
+                    raise ValueError(f"ckpt does not create {name!r} in a destination")
+                if name not in known:
+                    known.add(name)
+                    lines.append(f"{kind} {name}\n")
+        if lines and self._fd is not None:
+            data = "".join(lines).encode()
+            try:
+                os.lseek(self._fd, 0, os.SEEK_END)
+                while data:
+                    data = data[os.write(self._fd, data) :]
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StorageError(f"cannot write {self.lock_uri}: {exc.strerror or exc}") from exc
+
     def created_files(self) -> list[str]:
-        """The data files in DST that this run created: named as ckpt names them, and not there
-        before (no other ckpt run writes there while this one holds the claim)."""
-        return [uri for uri in self.io.list(self.dst) if uri not in self.before and _is_output(uri)]
+        """The files directly in DST that this run created: the journaled names that exist and
+        were not there before."""
+        return _journaled(self.io, self.dst, self.names, self.prefixes, self.before)
 
     def undo(self) -> None:
         """Remove what this run created: its files, its lock, then the directories it made."""
@@ -71,6 +112,14 @@ class Claim:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _journaled(io: FileIO, dst: str, names: Iterable[str], prefixes: Iterable[str], before: set[str]) -> list[str]:
+    """URIs of the files directly in ``dst`` named in ``names`` or starting with one of
+    ``prefixes``, and not in ``before``."""
+    names, starts = set(names), tuple(prefixes)
+    present = (join(dst, name) for name in io.list_names(dst) if name in names or (starts and name.startswith(starts)))
+    return [uri for uri in present if uri not in before]
 
 
 @contextmanager
@@ -95,7 +144,7 @@ def take_claim(dst: str) -> Claim:
     dst = normalize_uri(dst).rstrip("/")
     io = io_for(dst)
     if is_s3(dst):
-        claim = Claim(dst, io, set(io.list(dst)))
+        claim = Claim(dst, io, _files_in(io, dst))
         try:
             io.write(claim.lock_uri, _record(claim))
         except AlreadyExistsError:
@@ -110,6 +159,11 @@ def take_claim(dst: str) -> Claim:
     return claim
 
 
+def _files_in(io: FileIO, dst: str) -> set[str]:
+    """URIs of the files directly in ``dst`` (its subdirectories are not looked into)."""
+    return {join(dst, name) for name in io.list_names(dst)}
+
+
 def _take_local(claim: Claim) -> Claim:
     claim.created_dirs = _missing_dirs(claim.dst)
     try:
@@ -118,7 +172,7 @@ def _take_local(claim: Claim) -> Claim:
         raise StorageError(f"cannot create {claim.dst}: {exc.strerror or exc}") from exc
     path = claim.lock_uri
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         fd = _take_over(claim)
     except OSError as exc:
@@ -132,21 +186,46 @@ def _take_local(claim: Claim) -> Claim:
             os.close(fd)
             raise DestinationBusyError(f"{claim.dst} was claimed by another ckpt run just now; choose another destination")
     claim._fd = fd
-    claim.before = set(claim.io.list(claim.dst)) - {path}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, _record(claim), 0)
+    claim.before = _files_in(claim.io, claim.dst) - {path}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _record(claim) + b"\n", 0)
+        os.fsync(fd)
+    except OSError as exc:
+        claim.release()
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return claim
+
+
+def _open_lock(path: str) -> int:
+    """The existing lock, opened without following a link or blocking on a FIFO: only a regular
+    file is a lock ckpt wrote (a link planted there would have ckpt truncate its target)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DestinationBusyError(
+                f"{path} is a symbolic link, not a lock ckpt wrote: remove it, or choose another destination"
+            ) from None
+        raise StorageError(f"cannot open {path}: {exc.strerror or exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise DestinationBusyError(
+            f"{path} is not a regular file, so not a lock ckpt wrote: remove it, or choose another destination"
+        )
+    return fd
 
 
 def _take_over(claim: Claim) -> int:
     """The lock exists: refuse if its run is alive; if it died, clean up after it and hold the
     lock from now on."""
     path = claim.lock_uri
-    fd = os.open(path, os.O_RDWR)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        owner = _owner(_parse_record(os.pread(fd, MAX_RECORD_BYTES, 0)))
+        owner = _owner(_read_lock(fd)[0])
         os.close(fd)
         if exc.errno not in (errno.EAGAIN, errno.EACCES):
             raise StorageError(f"cannot lock {path}: {exc.strerror or exc}") from exc
@@ -156,17 +235,39 @@ def _take_over(claim: Claim) -> int:
     if not _still_at(path, fd):
         os.close(fd)
         raise DestinationBusyError(f"{claim.dst} was claimed by another ckpt run just now; choose another destination")
-    record = _parse_record(os.pread(fd, MAX_RECORD_BYTES, 0))
+    record, names, prefixes = _read_lock(fd)
     if record is None:  # its run died before it wrote its record, so before it wrote anything
         return fd
     before = {join(claim.dst, name) for name in _strings(record, "files_before")}
-    for uri in claim.io.list(claim.dst):
-        if uri not in before and _is_output(uri):
+    try:
+        for uri in _journaled(claim.io, claim.dst, names, prefixes, before):
             claim.io.delete(uri)
             claim.leftovers_removed.append(uri)
+    except BaseException:
+        os.close(fd)
+        raise
     dead_dirs = _strings(record, "created_dirs")  # the lock is untrusted: DST and its parents only
     claim.created_dirs = [d for d in dead_dirs if within(claim.dst, d)]
     return fd
+
+
+def _read_lock(fd: int) -> tuple[Optional[dict], list[str], list[str]]:
+    """A lock's record (None where it is empty or not one: the lock is untrusted) and its journal:
+    the names and the prefixes its run created files under. Reads at most MAX_LOCK_BYTES."""
+    data = os.pread(fd, min(os.fstat(fd).st_size, MAX_LOCK_BYTES), 0)
+    first, _, journal = data.partition(b"\n")
+    names: list[str] = []
+    prefixes: list[str] = []
+    for line in journal.split(b"\n")[:-1]:  # whole lines only: a run may die writing one
+        match = _JOURNAL_LINE.fullmatch(line)
+        if match:
+            (names if match.group(1) == b"file" else prefixes).append(match.group(2).decode())
+    return _parse_record(first), names, prefixes
+
+
+def is_output_name(name: str) -> bool:
+    """Whether ``name`` is one ckpt gives a file it creates directly in a destination."""
+    return _OUTPUT_NAME.fullmatch(name) is not None
 
 
 def _is_output(uri: str) -> bool:
@@ -188,7 +289,7 @@ def _refuse_unclaimed_outputs(claim: Claim) -> None:
 def _still_at(path: str, fd: int) -> bool:
     """Whether the lock file ``fd`` holds is still the one at ``path`` (not removed by its run)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
 
@@ -196,7 +297,7 @@ def _still_at(path: str, fd: int) -> bool:
 def _missing_dirs(directory: str) -> list[str]:
     """The directories from ``directory`` upwards that do not exist yet, outermost first."""
     missing = []
-    while directory and not os.path.exists(directory):
+    while directory and not os.path.lexists(directory):
         missing.append(directory)
         directory = os.path.dirname(directory)
     return missing[::-1]
@@ -225,11 +326,29 @@ def _record(claim: Claim) -> bytes:
     ).encode()
 
 
+def _nesting(text: str) -> int:
+    """How deeply JSON ``text`` nests arrays and objects, counted without parsing it (so a
+    hostile lock cannot make the parser recurse)."""
+    brackets = re.sub(r'"(?:[^"\\]|\\.)*"|[^\[\]{}]', "", text).encode()
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
 def _parse_record(data: bytes) -> Optional[dict]:
-    """A lock's record, or None where it is empty or not one (the lock is untrusted)."""
+    """A lock's record, or None where it is empty or not one (the lock is untrusted): a JSON
+    object no deeper than a record is, read without recursion."""
     try:
-        record = json.loads(data)
-    except ValueError:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return None
+    if _nesting(text) > MAX_RECORD_DEPTH:
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -242,12 +361,18 @@ def _strings(record: dict, key: str) -> list[str]:
 def _owner(record: Optional[dict]) -> str:
     if record is None:
         return "a lock without a record"
-    return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('started')}"
+    pid, host, started = (record.get(key) for key in ("pid", "host", "started"))
+    if type(pid) is not int or not isinstance(host, str) or not isinstance(started, str):
+        return "a lock without a record"
+    return f"pid {pid} on {host[:100]}, since {started[:40]}"
 
 
 def _s3_busy(claim: Claim) -> DestinationBusyError:
     """S3 cannot tell whether the owner lives: say exactly what to remove if it does not."""
-    record = _parse_record(claim.io.read(claim.lock_uri))
+    try:
+        record = _parse_record(claim.io.read_at_most(claim.lock_uri, MAX_LOCK_BYTES).partition(b"\n")[0])
+    except StorageError:
+        record = None
     before = {join(claim.dst, name) for name in _strings(record or {}, "files_before")}
     owner = _owner(record)
     written = [uri for uri in claim.before if uri not in before and _is_output(uri)]
