@@ -46,14 +46,17 @@ class Session:
         require_files: bool = True,
         quiet: bool = True,
         sql_plan: Optional[str] = None,
+        plugins: tuple[str, ...] = (),
     ) -> Session:
         """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
-        file the metadata references is missing or not its recorded size."""
+        file the metadata references is missing or not its recorded size. ``plugins``: the modules
+        (named with --plugin) whose functions the schema's decoders may be."""
         checkpoint = Checkpoint.open(uri)
         if require_files:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan) if (schema or plan or sql_plan) else None
+        described = schema or plan or sql_plan
+        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, plugins) if described else None
         check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
         return Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet)
 
