@@ -492,10 +492,13 @@ def test_a_200_mib_record_through_ckpt_records(tmp_path):
     size = 200 << 20
     checkpoint = big_record_checkpoint(tmp_path, "r" * size)
     out = tmp_path / "records.parquet"
+    # The peak of this process (VmHWM: ru_maxrss would count the forking test process) and of the
+    # worker processes it forks.
     measure = (
-        "import resource, sys\nfrom ckpt_tool.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n"
-        "    code = exc.code\nelse:\n    code = 0\n"
-        "peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+        "import re, resource, sys\nfrom ckpt_tool.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
+        "own = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "peak = max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
         "print(code, peak * 1024, file=sys.stderr)\n"
     )
     args = ["records", str(checkpoint), "--plan", PLAN, "--schema", typed_schema(tmp_path), "--out", str(out), "--json"]
@@ -524,7 +527,7 @@ def test_long_strings_decode_as_the_unit_by_unit_reader_does():
     rng = random.Random(26)
     chunk = serializers.STRING_CHUNK_UNITS
     try:
-        for case in range(200):
+        for case in range(80):
             count = rng.choice([4096, 5000, 20000])
             units = [
                 rng.choice([rng.randrange(0x80), rng.randrange(0x10000), rng.randrange(0xD800, 0xE000), rng.randrange(1 << 22)])
@@ -536,7 +539,7 @@ def test_long_strings_decode_as_the_unit_by_unit_reader_does():
             if rng.random() < 0.2:
                 body = body[: rng.randrange(len(body))]
             data = varint(count + 1) + body + b"next"
-            serializers.STRING_CHUNK_UNITS = rng.choice([7, 1000, 1 << 20])
+            serializers.STRING_CHUNK_UNITS = rng.choice([97, 1000, 1 << 20])
             try:
                 expected = unit_by_unit(data)
             except RecordDecodeError:

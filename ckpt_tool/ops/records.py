@@ -29,7 +29,7 @@ from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.output_files import publish, report_mode
-from ckpt_tool.records.export import ROWS_PER_GROUP, channel_table, file_schema, writer_options
+from ckpt_tool.records.export import ROWS_PER_GROUP, channel_columns, file_schema, table, writer_options
 from ckpt_tool.records.schema import Exchange
 
 
@@ -59,15 +59,14 @@ def export_channel(task: ExportTask, schema: pa.Schema) -> tuple[str, int]:
         "downstream_subtask": channel.downstream_subtask,
         "input_channel": task.input_channel,
     }
-    with (
-        ChannelStateReader() as reader,
-        naming(f"{task.label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"),
-    ):
-        records = read_channel(reader, channel)
-        table = channel_table(records, exchange, schema, task.value_field, where, channel.max_parallelism, channel.parallelism)
-        del records  # the channel's bytes go before the table is encoded
-    pq.write_table(table, task.part, row_group_size=ROWS_PER_GROUP, **writer_options())
-    return task.part, table.num_rows
+    with naming(f"{task.label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
+        with ChannelStateReader() as reader:  # the files' maps go once the channel is read
+            records = read_channel(reader, channel)
+        columns = channel_columns(records, exchange, task.value_field, where, channel.max_parallelism, channel.parallelism)
+    del records  # the channel's bytes go before the values are converted, the values before they are encoded
+    rows = table(columns, schema)
+    pq.write_table(rows, task.part, row_group_size=ROWS_PER_GROUP, **writer_options())
+    return task.part, rows.num_rows
 
 
 @dataclass

@@ -188,18 +188,18 @@ def _decoder(exchange: Exchange):
     return lambda raw, offset: decode_value(t, raw, offset)[0]
 
 
-def channel_table(
+def channel_columns(
     records: ChannelRecords,
     exchange: Exchange,
-    schema: pa.Schema,
     value_field: Optional[str],
     where: dict[str, Any],
     max_parallelism: int,
     parallelism: int,
-) -> pa.Table:
-    """One channel's records as rows of ``schema``. ``where``: the columns equal for every row
-    (exchange, operators, gate, subtasks, input channel); ``value_field``: "" for the value column
-    itself, a field of it, or None (raw bytes)."""
+) -> dict[str, Any]:
+    """One channel's records as columns (by name; ``table`` makes them rows of the file's schema).
+    ``where``: the columns equal for every row (exchange, operators, gate, subtasks, input channel);
+    ``value_field``: "" for the value column itself, a field of it, or None (raw bytes). The
+    columns hold no reference to the channel's bytes, which the caller may drop before ``table``."""
     indices = np.flatnonzero(records.is_record)
     starts = (records.starts + 4)[indices].tolist()
     value_starts = records.value_starts()[indices]
@@ -209,10 +209,14 @@ def channel_table(
     decode = _decoder(exchange) if value_field is not None else None
     value_type = _value_type(exchange)
     avro = value_type is not None and value_type.name == "avro"
-    hashes, printable, values, raw = [], [], [], []
-    view = memoryview(records.data)
+    hashes, printable, values, raw, timestamps = [], [], [], [], []
+    data = records.data
+    view = memoryview(data)
     try:
         for number, (start, value_start, end) in enumerate(zip(starts, value_starts.tolist(), ends.tolist())):
+            timestamps.append(
+                int.from_bytes(data[start + 1 : start + 9], "big", signed=True) if data[start] == RECORD_WITH_TIMESTAMP else None
+            )
             element = view[start:end]  # the record's bytes where they are, not a copy
             with naming(f"stream element {int(indices[number])}"):
                 if key_of is not None:
@@ -222,19 +226,17 @@ def channel_table(
                 if decode is not None:
                     decoded = decode(element, value_start - start)
                     values.append(decoded if avro else arrow_value(value_type, decoded))  # type: ignore[arg-type]
+                    del decoded
                 else:
-                    raw.append(records.data[value_start:end])
+                    raw.append(data[value_start:end])
             del element
     finally:
         view.release()
     groups = murmur_key_groups(np.asarray(hashes, dtype=np.int64).astype(np.uint32), max_parallelism)
     owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
-    stamped = records.tags[indices] == RECORD_WITH_TIMESTAMP
     columns: dict[str, Any] = {name: [value] * count for name, value in where.items()}
     columns["element_index"] = indices
-    columns["timestamp"] = [
-        int.from_bytes(records.data[s + 1 : s + 9], "big", signed=True) if t else None for s, t in zip(starts, stamped.tolist())
-    ]
+    columns["timestamp"] = timestamps
     columns["value_size"] = ends - value_starts
     if key_of is not None:
         columns["key"] = printable
@@ -245,8 +247,16 @@ def channel_table(
         columns["raw_value"] = raw
     else:
         columns["value"] = values if value_field == "" else [{value_field: v} for v in values]
-    arrays = [
-        pa.array(columns[field.name], type=field.type) if field.name in columns else pa.nulls(count, field.type)
-        for field in schema
-    ]
+    return columns
+
+
+def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
+    """``channel_columns`` as rows of the file's schema (columns it lacks are null); the columns'
+    lists are emptied as they are converted, so a value is never held twice for long."""
+    count = len(columns["element_index"])
+    arrays = []
+    for field in schema:
+        values = columns.pop(field.name, None)
+        arrays.append(pa.nulls(count, field.type) if values is None else pa.array(values, type=field.type))
+        del values
     return pa.Table.from_arrays(arrays, schema=schema)
