@@ -218,6 +218,7 @@ def _resolve(metadata: CheckpointMetadata, ref: Any, what: str) -> str:
 
 def load_schema(path: str, metadata: CheckpointMetadata, plugins: tuple[str, ...] = ()) -> list[Exchange]:
     """The exchanges of a schema file; ``plugins``: the modules its decoders may come from."""
+    plugins = check_plugin_modules(plugins)
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)
@@ -382,7 +383,7 @@ def load_exchanges(
         from ckpt_tool.records.sql_plan import sql_plan_exchanges
 
         from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata), metadata)
-    from_schema = load_schema(schema, metadata, check_plugin_modules(plugins)) if schema else []
+    from_schema = load_schema(schema, metadata, plugins) if schema else []
     exchanges = merge_exchanges(from_plan, from_schema, metadata)
     check_partitions(exchanges, metadata)
     return exchanges
