@@ -1,5 +1,8 @@
 """Errors that ckpt reports to the user as one line with a documented exit code."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_UNUSABLE_INPUT = 2
@@ -26,3 +29,12 @@ class CheckpointFormatError(CkptError):
 
 class OutputExistsError(CkptError):
     """The destination already holds a checkpoint; ckpt never overwrites one."""
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """Errors about some channels' data say which (the exchange and the channels)."""
+    try:
+        yield
+    except CkptError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc

@@ -48,16 +48,22 @@ class Session:
         require_files: bool = True,
         quiet: bool = True,
         sql_plan: Optional[str] = None,
+        plugins: tuple[str, ...] = (),
     ) -> Session:
         """Open a checkpoint and read its plan and schema. ``require_files``: fail at once when a
-        file the metadata references is missing or not its recorded size."""
+        file the metadata references is missing or not its recorded size. ``plugins``: the modules
+        (named with --plugin) whose functions the schema's decoders may be."""
         checkpoint = Checkpoint.open(uri)
         if require_files:
             checkpoint.require_files()
         job_plan = load_job_plan(plan, checkpoint.metadata) if plan else None
         described = schema or plan or sql_plan
         notes: list[str] = []
-        exchanges = load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, True, notes) if described else None
+        exchanges = (
+            load_exchanges(checkpoint.metadata, schema, job_plan, sql_plan, unstated_ok=True, notes=notes, plugins=plugins)
+            if described
+            else None
+        )
         check_key_types(checkpoint, exchanges)  # a key type the keyed state contradicts is refused before any work
         session = Session(checkpoint, exchanges, job_plan, engine, spark_master, dict(spark_conf or {}), quiet, notes=notes)
         if exchanges:  # output partitions the plan does not pair with its consumers: from the bytes

@@ -1,4 +1,5 @@
-"""A key plug-in as a user would write one (used by test_schema.py)."""
+"""A key plug-in as a user would write one (used by test_schema.py with `--plugin key_plugins`:
+a schema names it as decoder = "key_plugins:tuple2_long_key")."""
 
 import struct
 

@@ -129,7 +129,7 @@ def loads_or_refuses(case: str, checkpoint: Path, **inputs: str | None) -> bool:
     """True when the session opens, False when it is refused as the CLI refuses unusable input
     (exit 2, one line); any other exception fails the test, naming the case."""
     try:
-        with Session.open(str(checkpoint), engine="local", **inputs):
+        with Session.open(str(checkpoint), engine="local", plugins=("key_plugins",), **inputs):
             return True
     except CkptError as exc:
         assert exc.exit_code == EXIT_UNUSABLE_INPUT, (case, str(exc))
@@ -216,7 +216,8 @@ ENTRY = '[[exchange]]\nupstream = "map-main"\ndownstream = "slow-count"\ntype = 
         (ENTRY.replace('"tuple<long,string>"', "3"), "exchange 1: type must be a string, not 3"),
         (ENTRY.replace("tuple<long,string>", "tuple<long,"), "exchange 1: record type 'tuple<long,' ends too early"),
         (ENTRY + 'decoder = "no colon"\n', 'exchange 1: decoder must be a "module:function" string'),
-        (ENTRY + 'decoder = "os:sep"\n', "exchange 1: cannot load decoder 'os:sep': sep is not a function"),
+        (ENTRY + 'decoder = "os:sep"\n', "exchange 1: decoder 'os:sep': module os is not a plug-in named on the command line"),
+        (ENTRY + 'decoder = "builtins:exec"\n', "decoder 'builtins:exec': module builtins is not a plug-in named on the command"),
         (ENTRY + 'key = ["f0"]\ndecoder = "key_plugins:tuple2_long_key"\n', "key and decoder exclude each other"),
         (ENTRY + 'avro_schema = "event.avsc"\n', 'exchange 1: avro_schema is for records of type = "avro"'),
         (ENTRY.replace("type", "# type") + 'key = ["f0"]\n', "exchange 1: key needs the record type"),

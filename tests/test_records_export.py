@@ -11,7 +11,7 @@ import pytest
 
 from catalog import ALL_FIXTURES
 from ckpt_tool.engine import LocalEngine
-from ckpt_tool.records.export import ExportError, export_records
+from ckpt_tool.ops.records import ExportError, export_records
 from ckpt_tool.session import Session
 
 

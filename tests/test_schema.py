@@ -23,7 +23,7 @@ def write(tmp_path, text: str) -> str:
 
 
 def summary(schema: str, plan: str | None = None) -> list[dict]:
-    session = Session.open(str(FIXTURE.checkpoint), schema, plan)
+    session = Session.open(str(FIXTURE.checkpoint), schema, plan, plugins=("key_plugins",))
     return [e.as_dict() for e in scan_exchanges(session.checkpoint, session.described_exchanges, LocalEngine())]
 
 
@@ -57,10 +57,11 @@ def test_plan_alone_counts_records_without_keys():
         ('[[exchange]]\ndownstream = "slow-count"\npartitioner = "MAGIC"\n', "unknown partitioner"),
         ("[[exchange\n", "cannot read schema"),
         ('[[exchange]]\ndownstream = "slow-count"\ndecoder = "no_such_module:f"\n', "cannot load decoder"),
+        ('[[exchange]]\ndownstream = "slow-count"\ndecoder = "key_plugins:tuple2_long_key"\n', "module key_plugins is not"),
     ],
 )
 def test_schema_errors_are_clean(ckpt, tmp_path, text, message):
-    code, out, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, text))
+    code, out, err = ckpt("inspect", str(FIXTURE.checkpoint), "--schema", write(tmp_path, text), "--plugin", "no_such_module")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert message in err
 

@@ -7,6 +7,11 @@
 
 ``rescale --html`` shows the same for the checkpoint before and after. Plotly's JavaScript is
 embedded once, so the file opens without a network.
+
+Names and paths come from an untrusted checkpoint: in the page's own HTML they are escaped, and
+in the figures too, since Plotly draws its text as a subset of HTML (``<a href=...>`` would be a
+live link, ``<b>`` bold): ``&``, ``<`` and ``>`` are given to it as entities, which it shows as the
+characters themselves. Control characters are shown as escapes everywhere.
 """
 
 from __future__ import annotations
@@ -19,8 +24,19 @@ from typing import Optional
 from ckpt_tool.exchanges import ExchangeScan
 from ckpt_tool.ops.inspect import INPUT, InspectReport
 from ckpt_tool.rewrite import RescaleReport
+from ckpt_tool.text import printable
 
 STATE_KINDS = ("keyed", "operator", "channel")
+
+
+def _text(value: str) -> str:
+    """Text for Plotly, which reads tags and entities in it: shown literally."""
+    return html.escape(printable(value), quote=False)
+
+
+def _html(value: str) -> str:
+    """Text for the page's own HTML."""
+    return html.escape(printable(value))
 
 
 def _figures(report: InspectReport) -> list:
@@ -45,7 +61,7 @@ def _state_sizes(report: InspectReport):
     for kind in STATE_KINDS:
         figure.add_bar(
             name=f"{kind} state",
-            x=[[label for label, _ in bars], [f"#{s.index}" for _, s in bars]],
+            x=[[_text(label) for label, _ in bars], [f"#{s.index}" for _, s in bars]],
             y=[getattr(s.state_size, kind) for _, s in bars],
         )
     figure.update_layout(title="State size per operator and subtask (bytes)", barmode="stack", yaxis_title="bytes")
@@ -68,7 +84,7 @@ def _heatmap(title: str, cells: dict[tuple[int, int], int], x_title: str, y_titl
             hovertemplate="%{y} → %{x}: %{z} bytes<extra></extra>",
         )
     )
-    figure.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_dtick=1, yaxis_dtick=1)
+    figure.update_layout(title=_text(title), xaxis_title=x_title, yaxis_title=y_title, xaxis_dtick=1, yaxis_dtick=1)
     return figure
 
 
@@ -119,7 +135,7 @@ def _key_group_histogram(scan: ExchangeScan, labels: dict[str, str]):
     exchange = scan.exchange
     name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
     figure.update_layout(
-        title=f"Key-group histogram, exchange {name}, with each subtask's key groups",
+        title=_text(f"Key-group histogram, exchange {name}, with each subtask's key groups"),
         xaxis_title="key group",
         yaxis_title="records",
     )
@@ -128,16 +144,16 @@ def _key_group_histogram(scan: ExchangeScan, labels: dict[str, str]):
 
 def _page(title: str, sections: Sequence[tuple[Optional[str], list]], summary: str = "") -> str:
     parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>",
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_html(title)}</title></head>",
         "<body style='font-family: sans-serif; margin: 2em'>",
-        f"<h1>{html.escape(title)}</h1>",
+        f"<h1>{_html(title)}</h1>",
     ]
     if summary:
-        parts.append(f"<p>{html.escape(summary)}</p>")
+        parts.append(f"<p>{_html(summary)}</p>")
     first = True
     for heading, figures in sections:
         if heading:
-            parts.append(f"<h2>{html.escape(heading)}</h2>")
+            parts.append(f"<h2>{_html(heading)}</h2>")
         for figure in figures:
             parts.append(figure.to_html(full_html=False, include_plotlyjs=first, default_height="480px"))
             first = False
@@ -159,6 +175,8 @@ def rescale_html(before: InspectReport, after: Optional[InspectReport], report: 
     return _page(f"ckpt rescale {src} → {dst}", sections, rescale_footer(report))
 
 
-def write_html(path: str, page: str) -> None:
-    with open(path, "w", encoding="utf-8") as out:
-        out.write(page)
+def write_html(path: str, page: str, mode: int) -> None:
+    """The page, never more readable than the checkpoint it shows (ckpt_tool.output_files)."""
+    from ckpt_tool.output_files import write_report
+
+    write_report(path, page, mode)

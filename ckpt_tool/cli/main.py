@@ -16,12 +16,34 @@ import click
 from ckpt_tool.cli.output import output_for, progress_bar
 from ckpt_tool.engine import ENGINES, LOCAL_LIMIT_BYTES
 from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
+from ckpt_tool.text import LINE_LIMIT, one_line, printable
+
+
+def _add_plugins(ctx: click.Context, _, modules: tuple[str, ...]) -> None:
+    from ckpt_tool.records.schema import check_plugin_modules
+
+    ctx.meta["plugins"] = ctx.meta.get("plugins", ()) + check_plugin_modules(modules)
+
+
+# Trusted code for a schema's decoders (a schema file alone never loads code): kept on the
+# context, given before or after the command, read by open_session.
+PLUGIN_OPTION = click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="MODULE",
+    expose_value=False,
+    callback=_add_plugins,
+    help="A Python module you trust, whose functions a schema may name as decoder (repeatable). "
+    "A schema's decoder from any other module is refused.",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckpt-tool", prog_name="ckpt")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
+@PLUGIN_OPTION
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None) -> None:
     """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline.
@@ -91,6 +113,7 @@ def session_options(command):
             click.option("--schema", type=click.Path(dir_okay=False), help="TOML file: record types and keys per exchange."),
             click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan)."),
             SQL_PLAN_OPTION,
+            PLUGIN_OPTION,
             click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True, help=ENGINE_HELP),
             click.option("--spark-master", help="Spark master URL (default local[*]); implies Spark."),
             click.option("--conf", multiple=True, metavar="KEY=VALUE", help="Spark configuration, repeatable."),
@@ -104,15 +127,17 @@ def write_rescale_html(path: str, source, report, src: str, dst) -> None:
     """The pictures of the checkpoint before and (unless nothing was written) after."""
     from ckpt_tool.cli.html import rescale_html, write_html
     from ckpt_tool.ops.inspect import inspect as run_inspect
+    from ckpt_tool.output_files import report_mode
     from ckpt_tool.session import Session
 
     before = run_inspect(source)
+    mode = report_mode(source.checkpoint)
     if dst is None:
-        write_html(path, rescale_html(before, None, report, src, "(dry run)"))
+        write_html(path, rescale_html(before, None, report, src, "(dry run)"), mode)
         return
     written = Session.open(dst, engine=source.engine)  # the source session's engine, stopped by it
     written.plan, written.exchanges = source.plan, source.exchanges  # the same exchanges, in the new layout
-    write_html(path, rescale_html(before, run_inspect(written), report, src, dst))
+    write_html(path, rescale_html(before, run_inspect(written), report, src, dst), mode)
 
 
 def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=True):
@@ -121,9 +146,17 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 
     context = click.get_current_context()
     verbose = bool((context.obj or {}).get("verbose"))
-    sql_plan = context.meta.get("sql_plan")
     session = Session.open(
-        checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
+        checkpoint,
+        schema,
+        plan,
+        engine,
+        spark_master,
+        parse_conf(conf),
+        require_files,
+        quiet=not verbose,
+        sql_plan=context.meta.get("sql_plan"),
+        plugins=context.meta.get("plugins", ()),
     )
 
     for note in session.notes:  # what was derived from the bytes (output partitions)
@@ -131,7 +164,7 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:
-            click.echo(f"ckpt: warning: {warning}", err=True)
+            click.echo(f"ckpt: warning: {one_line(warning)}", err=True)
 
     context.call_on_close(warn)
     return session
@@ -157,8 +190,9 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_
     output_for(as_json).inspect(report)
     if html_file:
         from ckpt_tool.cli.html import inspect_html, write_html
+        from ckpt_tool.output_files import report_mode
 
-        write_html(html_file, inspect_html(report, checkpoint))
+        write_html(html_file, inspect_html(report, checkpoint), report_mode(session.checkpoint))
     if report.problems:
         more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
         raise CkptError(f"{report.problems[0]}{more}; everything readable is shown above")
@@ -266,8 +300,9 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
     with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
         report = run_verify(session, target_parallelism, strict, read_target_plan(target_plan))
     if junit:
-        with open(junit, "w") as f:
-            f.write(junit_xml(report))
+        from ckpt_tool.output_files import report_mode, write_report
+
+        write_report(junit, junit_xml(report), report_mode(session.checkpoint))
     output_for(as_json).verify(report)
     sys.exit({PROBLEMS: EXIT_PROBLEMS, UNUSABLE: EXIT_UNUSABLE_INPUT}.get(report.status, 0))
 
@@ -277,6 +312,7 @@ def verify(checkpoint, target_parallelism, schema, plan, engine, spark_master, c
 @click.option("--plan", type=click.Path(dir_okay=False), help="Flink's plan JSON (REST /jobs/<id>/plan).")
 @SQL_PLAN_OPTION
 @click.option("--schema", type=click.Path(dir_okay=False), help="A schema file whose facts are laid over.")
+@PLUGIN_OPTION
 def schema(checkpoint, plan, schema) -> None:
     """Print a schema file (TOML) to fill in: every exchange of CHECKPOINT holding in-flight data,
     its operators by uid, name and id, gate, partition, partitioner, and type and key where known."""
@@ -298,7 +334,7 @@ def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) 
     timestamp, key, key hash, key group, owning subtask, and the value (decoded where typed)."""
     import json
 
-    from ckpt_tool.records.export import export_records
+    from ckpt_tool.ops.records import export_records
 
     ship_pyarrow = ("spark.ckpt.shipPackages=pyarrow",)  # executors write Parquet: a cluster needs pyarrow
     with open_session(checkpoint, schema, plan, engine, spark_master, ship_pyarrow + tuple(conf)) as session:
@@ -307,7 +343,8 @@ def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) 
     if as_json:
         click.echo(json.dumps(report.as_dict()))
     else:
-        click.echo(f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels) written to {out}")
+        written = f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels)"
+        click.echo(f"{written} written to {printable(out)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,14 +355,18 @@ def main(argv: list[str] | None = None) -> None:
     except CkptError as exc:
         if verbose:
             traceback.print_exc()
-        click.echo(f"ckpt: error: {exc}", err=True)
+        click.echo(f"ckpt: error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
     except click.ClickException as exc:
-        exc.show()
+        import io
+
+        shown = io.StringIO()
+        exc.show(file=shown)  # usage and message; what the user typed is shown literally
+        click.echo("\n".join(printable(line, LINE_LIMIT) for line in shown.getvalue().splitlines()), err=True)
         sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("ckpt: aborted", err=True)
@@ -333,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug: one line unless --verbose
         if verbose:
             traceback.print_exc()
-        click.echo(f"ckpt: internal error: {type(exc).__name__}: {exc} (run with --verbose for details)", err=True)
+        click.echo(f"ckpt: internal error: {type(exc).__name__}: {one_line(str(exc))} (run with --verbose for details)", err=True)
         sys.exit(EXIT_INTERNAL)
 
 

@@ -1,20 +1,30 @@
-"""One Output interface for the CLI, rendered as Rich tables or as JSON."""
+"""One Output interface for the CLI, rendered as Rich tables or as JSON.
+
+Every name, path and message in a table is shown literally: cells are Rich ``Text`` (never read
+as markup, so ``[bold]`` or ``[link=...]`` in a uid stays text) with control and other unsafe
+characters escaped (ckpt_tool.text), and very long values cut. Tables of up to ``RICH_ROWS``
+rows are drawn by Rich; longer ones (100,000 operators) line by line in the same layout, without
+styles, in time proportional to their cells (Rich costs about half a millisecond a row).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
+from rich.cells import cell_len, chop_cells
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ckpt_tool.flink.model import INPUT
+from ckpt_tool.text import LINE_LIMIT, printable
 
 if TYPE_CHECKING:  # the reports' modules load the record path (NumPy); a metadata-only inspect needs none
     from ckpt_tool.exchanges import ExchangeScan
@@ -24,6 +34,55 @@ if TYPE_CHECKING:  # the reports' modules load the record path (NumPy); a metada
 
 HISTOGRAM_BUCKETS = 32
 BAR_WIDTH = 40
+RICH_ROWS = 200  # longer tables are written line by line (see the module's doc)
+
+Cell = Union[str, Text]  # a str is shown literally; a Text is ckpt's own styled text
+
+
+def literal(value: Cell) -> Text:
+    """A cell as Text: a str with unsafe characters escaped and cut to a bounded length."""
+    return value if isinstance(value, Text) else Text(printable(value, LINE_LIMIT))
+
+
+def plain_table(title: Text, columns: list[Text], rows: list[list[Text]], widths: list[int], header: bool) -> list[str]:
+    """Lines of a table exactly as Rich draws it with its default box (``HEAVY_HEAD``), no styles."""
+
+    def line(left: str, fill: str, middle: str, right: str) -> str:
+        return left + middle.join(fill * (w + 2) for w in widths) + right
+
+    def cells(edge: str, values: list[Text]) -> str:
+        return edge + edge.join(f" {v.plain}{' ' * (w - v.cell_len)} " for v, w in zip(values, widths)) + edge
+
+    width = sum(widths) + 3 * len(widths) + 1
+    lines = []
+    if title.plain:
+        left = (width - title.cell_len) // 2
+        lines.append(" " * left + title.plain + " " * (width - left - title.cell_len))
+    if header:
+        lines += [line("┏", "━", "┳", "┓"), cells("┃", columns), line("┡", "━", "╇", "┩")]
+    else:
+        lines.append(line("┌", "─", "┬", "┐"))
+    lines += [cells("│", row) for row in rows]
+    lines.append(line("└", "─", "┴", "┘"))
+    return lines
+
+
+def plain_stacked(columns: list[Text], rows: list[list[Text]], width: int) -> list[str]:
+    """Lines of the stacked view (one ``column value`` block per row) in Rich's layout, no styles;
+    a value wider than the terminal is cut into lines of its width (Rich would wrap at words)."""
+    label_width = max((c.cell_len for c in columns), default=0)
+    room = max(1, width - label_width - 4)
+    lines = []
+    for row in rows:
+        value_width = min(room, max((v.cell_len for v in row), default=0))
+        for column, value in zip(columns, row):
+            label = column.plain or "-"
+            pieces = chop_cells(value.plain, room) if value.cell_len > room else [value.plain]
+            for number, piece in enumerate(pieces):
+                shown = label if number == 0 else ""
+                lines.append(f" {shown}{' ' * (label_width - cell_len(shown))}  {piece}{' ' * (value_width - cell_len(piece))} ")
+        lines.append("")
+    return lines
 
 
 class Output(ABC):
@@ -92,25 +151,43 @@ class RichOutput(Output):
         # Piped output is not squeezed into Rich's default 80 columns.
         self.console = Console(width=width or (None if sys.stdout.isatty() else 160))
 
-    def _show(self, title: str, columns: list[str], rows: list[list[str]], header: bool = True) -> None:
-        table = Table(title=title, show_header=header)
-        for column in columns:
-            table.add_column(column, no_wrap=True)
-        for row in rows:
-            table.add_row(*row)
-        natural = self.console.measure(table, options=self.console.options.update(max_width=10_000)).maximum
+    def _show(self, title: str, columns: list[str], rows: Sequence[Sequence[Cell]], header: bool = True) -> None:
+        caption, heads = literal(title), [literal(c) for c in columns]
+        cells = [[literal(v) for v in row] for row in rows]
+        widths = [max([h.cell_len if header else 0] + [row[i].cell_len for row in cells]) for i, h in enumerate(heads)]
+        natural = sum(widths) + 3 * len(widths) + 1  # Rich's box: a border and a space either side of each cell
         if natural <= self.console.width:
+            if len(cells) > RICH_ROWS:
+                self._write(plain_table(caption, heads, cells, widths, header))
+                return
+            table = Table(title=caption if caption.plain else None, show_header=header)
+            for column in heads:
+                table.add_column(column, no_wrap=True)
+            for row in cells:
+                table.add_row(*row)
             self.console.print(table)
             return
-        self.console.print(f"[bold]{title}[/]" if title else "")
-        for row in rows:
+        self.console.print(Text(caption.plain, style="bold"))
+        if len(cells) > RICH_ROWS:
+            self._write(plain_stacked(heads, cells, self.console.width))
+            return
+        for row in cells:
             stacked = Table(show_header=False, box=None, padding=(0, 1))
             stacked.add_column(style="dim", no_wrap=True)
             stacked.add_column(overflow="fold")
-            for column, value in zip(columns, row):
-                stacked.add_row(column or "-", value)
+            for column, value in zip(heads, row):
+                stacked.add_row(column if column.plain else Text("-"), value)
             self.console.print(stacked)
             self.console.print()
+
+    def _write(self, lines: list[str]) -> None:
+        """Lines written as they are (already literal), past Rich's per-line rendering."""
+        self.console.file.write("\n".join(lines) + "\n")
+        self.console.file.flush()
+
+    def _line(self, *parts: Cell) -> None:
+        """One line of literal text and ckpt's own styled words."""
+        self.console.print(Text.assemble(*(literal(p) for p in parts)))
 
     def inspect(self, report: InspectReport) -> None:
         self._summary(report)
@@ -123,7 +200,7 @@ class RichOutput(Output):
         for exchange in report.exchanges or []:
             self._exchange(exchange, names, max_parallelism.get(exchange.exchange.downstream_id, 128))
         for problem in report.problems:
-            self.console.print(f"[red]problem:[/] {problem}")
+            self._line(Text("problem:", style="red"), " ", problem)
 
     def _summary(self, report: InspectReport) -> None:
         ops = report.operators
@@ -230,10 +307,10 @@ class RichOutput(Output):
         up = names.get(exchange.upstream_id, "?") if exchange.upstream_id else "?"
         title = f"Exchange {up} → {names.get(exchange.downstream_id, '?')} (gate {exchange.gate}, {scan.partitioner or '?'})"
         if scan.problem:
-            self.console.print(f"{title}: [red]not readable[/]: {scan.problem}")
+            self._line(f"{title}: ", Text("not readable", style="red"), f": {scan.problem}")
             return
         if not scan.channels:
-            self.console.print(f"{title}: no in-flight data")
+            self._line(f"{title}: no in-flight data")
             return
         columns = ["upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
         rows = [
@@ -256,7 +333,7 @@ class RichOutput(Output):
         )
         if scan.keyed:
             line += f", misplaced {scan.total('misplaced_records')}, duplicates {scan.duplicate_records}"
-        self.console.print(line)
+        self._line(line)
         if scan.keyed:
             rows = [[label, str(count), bar] for label, count, bar in histogram_rows(scan.key_group_histogram, max_parallelism)]
             self._show("Key-group histogram", ["key groups", "records", ""], rows)
@@ -300,12 +377,13 @@ class RichOutput(Output):
                 for d in report.dropped
             ]
             self._show("In-flight data dropped", ["exchange", "buffers", "bytes", "records", "watermarks", "other"], rows)
-        self.console.print(rescale_footer(report))
+        self._line(rescale_footer(report))
 
     def verify(self, report: VerifyReport) -> None:
         style = {"passed": "green", "failed": "red", "skipped": "dim"}
-        rows = [
-            [c.name, f"[{style[c.status]}]{c.status}[/]", str(len(c.problems)), c.skipped or c.description] for c in report.checks
+        rows: list[list[Cell]] = [
+            [c.name, Text(c.status, style=style[c.status]), str(len(c.problems)), c.skipped or c.description]
+            for c in report.checks
         ]
         self._show(f"Verify {report.checkpoint}", ["check", "status", "problems", "what it checks"], rows)
         problems = [p for c in report.checks for p in c.problems]
@@ -323,7 +401,7 @@ class RichOutput(Output):
                 for p in problems
             ]
             self._show("Problems", columns, rows)
-        self.console.print(f"status: {report.summary}")
+        self._line(f"status: {report.summary}")
 
 
 def rescale_footer(report: RescaleReport) -> str:

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Optional
 
 import xxhash
 
-from ckpt_tool.errors import CheckpointFormatError, CkptError
+from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
@@ -83,15 +81,6 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
     """The channel's stitched elements: its input side, then its output side."""
     return frame_channel(b"".join([reader.payload(source) for source in task.inputs + task.outputs]))
-
-
-@contextmanager
-def naming(where: str) -> Iterator[None]:
-    """Errors about some channels' data say which (the exchange and the channels)."""
-    try:
-        yield
-    except CkptError as exc:
-        raise type(exc)(f"{where}: {exc}") from exc
 
 
 def read_whole_records(

@@ -299,8 +299,11 @@ def verify(
 
 
 def junit_xml(report: VerifyReport) -> str:
-    """The report as JUnit XML: one test case per check, a failure per problem."""
+    """The report as JUnit XML: one test case per check, a failure per problem. Names and messages
+    are text with unsafe characters escaped (XML 1.0 cannot hold most control characters at all)."""
     from xml.etree import ElementTree as ET
+
+    from ckpt_tool.text import printable
 
     checks = report.checks
     suite = ET.Element(
@@ -310,17 +313,18 @@ def junit_xml(report: VerifyReport) -> str:
         failures=str(sum(c.status == "failed" for c in checks)),
         skipped=str(sum(c.status == "skipped" for c in checks)),
     )
-    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="checkpoint", value=report.checkpoint)
+    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="checkpoint", value=printable(report.checkpoint))
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname="ckpt.verify", name=check.name)
         if check.skipped:
-            ET.SubElement(case, "skipped", message=check.skipped)
+            ET.SubElement(case, "skipped", message=printable(check.skipped))
         for problem in check.problems:
             where = ", ".join(
                 f"{k} {v}"
                 for k, v in (("operator", problem.operator), ("subtask", problem.subtask), ("channel", problem.channel))
                 if v is not None
             )
-            failure = ET.SubElement(case, "failure", message=problem.message, type=check.name)
-            failure.text = f"{problem.message} ({where})" if where else problem.message
+            message = printable(problem.message)
+            failure = ET.SubElement(case, "failure", message=message, type=check.name)
+            failure.text = f"{message} ({printable(where)})" if where else message
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -1,36 +1,29 @@
-"""``ckpt records``: every in-flight record of the described exchanges, one Parquet row each.
+"""``ckpt records``, the records side: the Parquet file's schema and one channel's records as an
+Arrow table.
 
 A row says where the record is (exchange, upstream and downstream subtask, gate and input
 channel, its position in the channel), what it is (timestamp, value size, the decoded value
 where the record type is known, else its raw bytes) and, on keyed exchanges, its key (printable),
 the key's hash, key group and the subtask owning that key group, so that DuckDB, pandas or Spark
-SQL can answer "which keys are stuck in flight?".
+SQL can answer "which keys are stuck in flight?". The operation (tasks on the engine, the one
+output file) is ckpt_tool.ops.records.
 
-The work runs on the session's engine, one task per logical channel: a task decodes its channel
-and writes its rows to a part file beside the output; the driver then copies the parts, row group
-by row group, into one file with one ``ParquetWriter``. Memory stays bounded by a channel.
+A channel's records are decoded one at a time from views of the channel's bytes (a record is
+never copied to be decoded), and the Parquet writers keep no statistics of the value and key
+columns: statistics copy each column's largest value, which for a record of hundreds of MiB
+cost several times its size in memory.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import ChannelTask, channel_tasks, naming, read_channel
-from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
-from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
-from ckpt_tool.records.batch import murmur_key_groups
+from ckpt_tool.errors import naming
+from ckpt_tool.records.batch import ChannelRecords, murmur_key_groups
 from ckpt_tool.records.elements import RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import operator_index_for_key_group
 from ckpt_tool.records.schema import Exchange
@@ -38,10 +31,6 @@ from ckpt_tool.records.types import BinaryArray, BinaryMap, BinaryRow, DataType,
 from ckpt_tool.records.types.serializers import EnumValue
 
 ROWS_PER_GROUP = 64 * 1024
-
-
-class ExportError(CkptError):
-    """The records could not be written."""
 
 
 # --- value types ----------------------------------------------------------------------------------
@@ -175,17 +164,17 @@ def file_schema(exchanges: list[Exchange]) -> tuple[pa.Schema, dict[int, str]]:
     return pa.schema(fields), places
 
 
-# --- tasks ------------------------------------------------------------------------------------------
+# Columns whose values are bounded by the metadata; the others (key, value, raw_value) may hold a
+# record's whole bytes and get no statistics.
+STATISTICS_COLUMNS = [name for name, _ in BASE_FIELDS if name != "key"]
 
 
-@dataclass
-class ExportTask:
-    channel: ChannelTask
-    exchange: Exchange
-    label: str
-    input_channel: int
-    value_field: Optional[str]  # "" for the value column itself, a field of it, or None (raw bytes)
-    part: str
+def writer_options() -> dict[str, Any]:
+    """Options of every Parquet writer of ``ckpt records``."""
+    return {"write_statistics": STATISTICS_COLUMNS, "use_dictionary": STATISTICS_COLUMNS}
+
+
+# --- one channel ------------------------------------------------------------------------------------
 
 
 def _decoder(exchange: Exchange):
@@ -199,126 +188,75 @@ def _decoder(exchange: Exchange):
     return lambda raw, offset: decode_value(t, raw, offset)[0]
 
 
-def export_channel(task: ExportTask, schema: pa.Schema) -> tuple[str, int]:
-    """Write one logical channel's records to ``task.part``; returns (part, rows)."""
-    channel, exchange = task.channel, task.exchange
-    with (
-        ChannelStateReader() as reader,
-        naming(f"{task.label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"),
-    ):
-        records = read_channel(reader, channel)
-        indices = np.flatnonzero(records.is_record)
-        value_offsets = (records.value_starts() - records.starts - 4)[indices].tolist()
-        elements = [records.element(i) for i in indices.tolist()]
-        count = len(elements)
-        key_of = exchange.key_function() if exchange.keyed else None
-        hashes, printable = [], []
-        if key_of is not None:
-            for number, (element, offset) in enumerate(zip(elements, value_offsets)):
-                with naming(f"stream element {int(indices[number])}"):
-                    key_hash, key = key_of(element, offset)
-                hashes.append(key_hash)
-                printable.append(json.dumps(key, default=str, ensure_ascii=False))
-        groups = murmur_key_groups(np.asarray(hashes, dtype=np.int64).astype(np.uint32), channel.max_parallelism)
-        owners = operator_index_for_key_group(channel.max_parallelism, channel.parallelism, groups.astype(np.int64))
-        columns: dict[str, Any] = {
-            "exchange": [task.label] * count,
-            "upstream_operator": [exchange.upstream_id] * count,
-            "downstream_operator": [exchange.downstream_id] * count,
-            "gate": [exchange.gate] * count,
-            "upstream_subtask": [channel.upstream_subtask] * count,
-            "downstream_subtask": [channel.downstream_subtask] * count,
-            "input_channel": [task.input_channel] * count,
-            "element_index": indices.tolist(),
-            "timestamp": [
-                int.from_bytes(e[1:9], "big", signed=True) if e[0] == RECORD_WITH_TIMESTAMP else None for e in elements
-            ],
-            "value_size": [len(e) - o for e, o in zip(elements, value_offsets)],
-            "key": printable if key_of else [None] * count,
-            "key_hash": [h - (1 << 32) if h >= 1 << 31 else h for h in (x & 0xFFFFFFFF for x in hashes)]
-            if key_of
-            else [None] * count,
-            "key_group": groups.tolist() if key_of else [None] * count,
-            "owning_subtask": owners.tolist() if key_of else [None] * count,
-        }
-        if task.value_field is None:
-            columns["raw_value"] = [e[o:] for e, o in zip(elements, value_offsets)]
-        else:
-            decode = _decoder(exchange)
-            t = _value_type(exchange)
-            assert t is not None
-            values = []
-            for number, (element, offset) in enumerate(zip(elements, value_offsets)):
-                with naming(f"stream element {int(indices[number])}"):
-                    decoded = decode(element, offset)
-                values.append(decoded if t.name == "avro" else arrow_value(t, decoded))
-            columns["value"] = values if task.value_field == "" else [{task.value_field: v} for v in values]
-        for name in schema.names:
-            columns.setdefault(name, [None] * count)
-        table = pa.Table.from_pydict({n: columns[n] for n in schema.names}, schema=schema)
-    pq.write_table(table, task.part, row_group_size=ROWS_PER_GROUP)
-    return task.part, count
-
-
-@dataclass
-class ExportReport:
-    path: str
-    records: int
-    channels: int
-    exchanges: int
-
-    def as_dict(self) -> dict:
-        return {"file": self.path, "records": self.records, "channels": self.channels, "exchanges": self.exchanges}
-
-
-def _input_channels(checkpoint: Checkpoint, exchange: Exchange) -> dict[tuple[int, int], int]:
-    """(u, d) -> the input channel of d that u feeds, on pointwise edges (else it is u)."""
-    if exchange.partitioner not in POINTWISE_PARTITIONERS or not exchange.upstream_id:
-        return {}
-    up = checkpoint.metadata.operator(exchange.upstream_id).parallelism
-    down = checkpoint.metadata.operator(exchange.downstream_id).parallelism
-    return {(u, d): c for u, d, c, _ in pointwise_channels(up, down)}
-
-
-def export_records(
-    checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, out: str, progress: Progress = None
-) -> ExportReport:
-    """Write every in-flight record of ``exchanges`` to the Parquet file ``out`` (a local path)."""
-    if not exchanges:
-        raise ExportError("no exchange to export: give --plan, --sql-plan and/or --schema")
-    schema, places = file_schema(exchanges)
-    directory = os.path.dirname(os.path.abspath(out)) or "."
-    if not os.path.isdir(directory):
-        raise ExportError(f"cannot write {out}: {directory} is not a directory")
-    parts = tempfile.mkdtemp(prefix=".ckpt-records-", dir=directory)
+def channel_columns(
+    records: ChannelRecords,
+    exchange: Exchange,
+    value_field: Optional[str],
+    where: dict[str, Any],
+    max_parallelism: int,
+    parallelism: int,
+) -> dict[str, Any]:
+    """One channel's records as columns (by name; ``table`` makes them rows of the file's schema).
+    ``where``: the columns equal for every row (exchange, operators, gate, subtasks, input channel);
+    ``value_field``: "" for the value column itself, a field of it, or None (raw bytes). The
+    columns hold no reference to the channel's bytes, which the caller may drop before ``table``."""
+    indices = np.flatnonzero(records.is_record)
+    starts = (records.starts + 4)[indices].tolist()
+    value_starts = records.value_starts()[indices]
+    ends = records.ends[indices]
+    count = len(indices)
+    key_of = exchange.key_function() if exchange.keyed else None
+    decode = _decoder(exchange) if value_field is not None else None
+    value_type = _value_type(exchange)
+    avro = value_type is not None and value_type.name == "avro"
+    hashes, printable, values, raw, timestamps = [], [], [], [], []
+    data = records.data
+    view = memoryview(data)
     try:
-        tasks = []
-        pointwise = {i: _input_channels(checkpoint, e) for i, e in enumerate(exchanges)}
-        for number, channel in enumerate(channel_tasks(checkpoint, exchanges)):
-            exchange = exchanges[channel.exchange_index]
-            key = (channel.upstream_subtask, channel.downstream_subtask)
-            tasks.append(
-                ExportTask(
-                    channel,
-                    exchange,
-                    checkpoint.metadata.exchange_label(exchange.upstream_id, exchange.downstream_id),
-                    pointwise[channel.exchange_index].get(key, channel.upstream_subtask),
-                    places.get(channel.exchange_index),
-                    os.path.join(parts, f"part-{number:06d}.parquet"),
-                )
+        for number, (start, value_start, end) in enumerate(zip(starts, value_starts.tolist(), ends.tolist())):
+            timestamps.append(
+                int.from_bytes(data[start + 1 : start + 9], "big", signed=True) if data[start] == RECORD_WITH_TIMESTAMP else None
             )
-        written = engine.map(lambda task: export_channel(task, schema), tasks, progress)
-        records = 0
-        temporary = os.path.join(parts, "all.parquet")
-        with pq.ParquetWriter(temporary, schema) as writer:
-            for part, count in written:
-                records += count
-                source = pq.ParquetFile(part)
-                for group in range(source.num_row_groups):
-                    writer.write_table(source.read_row_group(group))
-        os.replace(temporary, out)
-    except OSError as exc:
-        raise ExportError(f"cannot write {out}: {exc}") from exc
+            element = view[start:end]  # the record's bytes where they are, not a copy
+            with naming(f"stream element {int(indices[number])}"):
+                if key_of is not None:
+                    key_hash, key = key_of(element, value_start - start)  # type: ignore[arg-type]  # any bytes-like
+                    hashes.append(key_hash)
+                    printable.append(json.dumps(key, default=str, ensure_ascii=False))
+                if decode is not None:
+                    decoded = decode(element, value_start - start)
+                    values.append(decoded if avro else arrow_value(value_type, decoded))  # type: ignore[arg-type]
+                    del decoded
+                else:
+                    raw.append(data[value_start:end])
+            del element
     finally:
-        shutil.rmtree(parts, ignore_errors=True)
-    return ExportReport(out, records, len(tasks), len(exchanges))
+        view.release()
+    groups = murmur_key_groups(np.asarray(hashes, dtype=np.int64).astype(np.uint32), max_parallelism)
+    owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
+    columns: dict[str, Any] = {name: [value] * count for name, value in where.items()}
+    columns["element_index"] = indices
+    columns["timestamp"] = timestamps
+    columns["value_size"] = ends - value_starts
+    if key_of is not None:
+        columns["key"] = printable
+        columns["key_hash"] = [h - (1 << 32) if h >= 1 << 31 else h for h in (x & 0xFFFFFFFF for x in hashes)]
+        columns["key_group"] = groups
+        columns["owning_subtask"] = owners
+    if value_field is None:
+        columns["raw_value"] = raw
+    else:
+        columns["value"] = values if value_field == "" else [{value_field: v} for v in values]
+    return columns
+
+
+def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
+    """``channel_columns`` as rows of the file's schema (columns it lacks are null); the columns'
+    lists are emptied as they are converted, so a value is never held twice for long."""
+    count = len(columns["element_index"])
+    arrays = []
+    for field in schema:
+        values = columns.pop(field.name, None)
+        arrays.append(pa.nulls(count, field.type) if values is None else pa.array(values, type=field.type))
+        del values
+    return pa.Table.from_arrays(arrays, schema=schema)

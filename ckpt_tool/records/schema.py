@@ -17,10 +17,16 @@ Schema file::
     # avro_schema = "event.avsc"    # with type = "avro": the records' Avro schema (relative to this file)
     # name = "sources -> counter"   # optional, for your own reading
     # decoder = "my_module:key_of" # instead of type/key: a function(value: bytes) -> int key hash,
-    #                               # or (int key hash, printable key)
+    #                               # or (int key hash, printable key); my_module must be named on
+    #                               # the command line (--plugin my_module)
 
 A plan (Flink's REST ``/jobs/<id>/plan``, read by ckpt_tool.flink.plan) gives one exchange per
 input of every vertex: the producing vertex's tail operator, the gate and the partitioner.
+
+Trust: a checkpoint, a plan and a schema file are data. A ``decoder`` is code, so a schema may only
+name a function of a module the user named on the command line (``--plugin MODULE``), never one of
+Python's standard library (``builtins:exec``, ``os:system``): a schema file, which ``ckpt schema``
+may have generated from an untrusted checkpoint, can never make ckpt import anything by itself.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,6 +118,28 @@ class Exchange:
         return _key_extractor(parse_type(self.record_type), self.key, printable)
 
 
+def check_plugin_modules(modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules named with ``--plugin``: importable names, none of the standard library."""
+    for module in modules:
+        if not module or not all(part.isidentifier() for part in module.split(".")):
+            raise SchemaError(f"--plugin {module!r}: not a module name (e.g. my_package.keys)")
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+            raise SchemaError(f"--plugin {module}: a module of Python's standard library is never a plug-in")
+    return tuple(modules)
+
+
+def _allowed_decoder(reference: str, plugins: tuple[str, ...]) -> None:
+    """A schema's decoder must be a function of a module named with --plugin."""
+    module = reference.partition(":")[0]
+    if module not in plugins:
+        named = f" (named: {', '.join(plugins)})" if plugins else ""
+        raise SchemaError(
+            f"decoder {reference!r}: module {module} is not a plug-in named on the command line{named}; "
+            f"a schema file cannot load code by itself: run ckpt --plugin {module} ... if you trust it"
+        )
+
+
 def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
     module_name, _, function_name = reference.partition(":")
     try:
@@ -187,7 +216,9 @@ def _resolve(metadata: CheckpointMetadata, ref: Any, what: str) -> str:
         raise SchemaError(f"{what} operator {ref!r} is not in the checkpoint (use its uid, name or id)") from None
 
 
-def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
+def load_schema(path: str, metadata: CheckpointMetadata, plugins: tuple[str, ...] = ()) -> list[Exchange]:
+    """The exchanges of a schema file; ``plugins``: the modules its decoders may come from."""
+    plugins = check_plugin_modules(plugins)
     try:
         with open(path, "rb") as f:
             document = tomllib.load(f)
@@ -203,7 +234,7 @@ def load_schema(path: str, metadata: CheckpointMetadata) -> list[Exchange]:
     for index, entry in enumerate(entries):
         where = f"schema {path}, exchange {index + 1}"
         try:
-            exchange = _exchange(checked(entry, TABLE, SchemaError, "an exchange"), path, metadata)
+            exchange = _exchange(checked(entry, TABLE, SchemaError, "an exchange"), path, metadata, plugins)
         except CkptError as exc:
             raise SchemaError(f"{where}: {exc}") from None
         earlier = first.setdefault((exchange.downstream_id, exchange.gate), index)
@@ -221,7 +252,7 @@ def _refuse_unknown(table: dict, allowed: dict[str, Expected], what: str) -> Non
             raise SchemaError(f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed)}")
 
 
-def _exchange(entry: dict, path: str, metadata: CheckpointMetadata) -> Exchange:
+def _exchange(entry: dict, path: str, metadata: CheckpointMetadata, plugins: tuple[str, ...] = ()) -> Exchange:
     """One [[exchange]] entry, every key and value checked."""
     _refuse_unknown(entry, ENTRY_KEYS, "key")
     for name, value in entry.items():
@@ -236,6 +267,8 @@ def _exchange(entry: dict, path: str, metadata: CheckpointMetadata) -> Exchange:
         raise SchemaError('key needs the record type (type = "...") to find its fields')
     if key and decoder:
         raise SchemaError("key and decoder exclude each other: the decoder computes the key")
+    if decoder:
+        _allowed_decoder(decoder, plugins)
     if "avro_schema" in entry and record_type != "avro":
         raise SchemaError('avro_schema is for records of type = "avro"')
     avro_schema = None
@@ -343,15 +376,17 @@ def load_exchanges(
     sql_plan: Optional[str] = None,
     unstated_ok: bool = False,
     notes: Optional[list[str]] = None,
+    plugins: tuple[str, ...] = (),
 ) -> list[Exchange]:
     """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
-    over the compiled plan's, which win over the plan's). ``unstated_ok``: see ``check_partitions``."""
+    over the compiled plan's, which win over the plan's). ``unstated_ok``: see ``check_partitions``;
+    ``plugins``: the modules named with --plugin, the only ones a schema's decoders may come from."""
     from_plan = plan_exchanges(plan) if plan else []
     if sql_plan:
         from ckpt_tool.records.sql_plan import sql_plan_exchanges
 
         from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata, notes), metadata)
-    from_schema = load_schema(schema, metadata) if schema else []
+    from_schema = load_schema(schema, metadata, plugins) if schema else []
     exchanges = merge_exchanges(from_plan, from_schema, metadata)
     check_partitions(exchanges, metadata, unstated_ok)
     return exchanges

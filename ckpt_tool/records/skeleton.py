@@ -9,16 +9,21 @@ each are listed for the user to choose, each once, with the output buffers and b
 without those the parallelisms rule out (a sender's output subpartitions are the receiver's
 subtasks, a receiver's input channels the sender's subtasks), and with what the bytes say of
 the pairing where the caller can read them (``evidence``).
+
+Everything taken from the checkpoint, a plan or a schema (uids, names, paths, types) is written
+as an escaped TOML string, in values and in comments alike (ckpt_tool.text): no name can end its
+line or its string, so the file holds exactly the keys written here, and never a ``decoder``
+the user did not give.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
-from ckpt_tool.records.schema import Exchange
+from ckpt_tool.records.schema import Exchange, SchemaError
+from ckpt_tool.text import printable, shown, toml_string
 
 
 def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tuple[int, int]:
@@ -30,12 +35,29 @@ def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tupl
 
 
 def _describe(op: OperatorState) -> str:
-    parts = [f'uid "{op.uid}"' if op.uid else "no uid in the metadata", f'name "{op.name}"' if op.name else "no name"]
+    parts = [f"uid {shown(op.uid)}" if op.uid else "no uid in the metadata", f"name {shown(op.name)}" if op.name else "no name"]
     return f"{', '.join(parts)}, id {op.id_hex}, parallelism {op.parallelism}"
 
 
-def _ref(op: OperatorState) -> str:
-    return json.dumps(op.uid or op.id_hex)
+def _ref(metadata: CheckpointMetadata, op: OperatorState) -> str:
+    """The operator as a TOML string: its uid, or its id where it has none, where TOML cannot hold
+    it, or where the uid would name another operator first (another's id or name)."""
+    uid = toml_string(op.uid) if op.uid else None
+    return uid if uid and metadata.operator(op.uid or "") is op else f'"{op.id_hex}"'
+
+
+def _value(value: Any) -> str:
+    """A string, integer or list of them as TOML; a string TOML cannot hold is refused."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SchemaError(f"not a schema value: {printable(repr(value))}")
+    if isinstance(value, int):
+        return str(value)
+    text = toml_string(value)
+    if text is None:
+        raise SchemaError(f"a schema file cannot hold {shown(value)} (a lone surrogate)")
+    return text
 
 
 def schema_skeleton(
@@ -47,7 +69,8 @@ def schema_skeleton(
     """``evidence``: what the bytes say of a candidate pairing of a sender's output partition with
     an undescribed input gate (``ckpt_tool.exchanges.pairing_evidence``)."""
     lines = [
-        f"# Exchanges holding in-flight data in {source} (checkpoint {metadata.checkpoint_id}, metadata v{metadata.version}).",
+        f"# Exchanges holding in-flight data in {printable(source)} "
+        f"(checkpoint {metadata.checkpoint_id}, metadata v{metadata.version}).",
         "# Fill in each type and key (README: Record types), then: ckpt inspect CHECKPOINT --schema THIS_FILE",
         "",
     ]
@@ -71,10 +94,11 @@ def schema_skeleton(
         lines += [f"# downstream (head of its chain): {_describe(downstream)}"]
         lines += [_figures(inputs, outputs)]
         if upstream is not None:
-            lines += [f"upstream = {_ref(upstream)}"]
-        lines += [f"downstream = {_ref(downstream)}", f"gate = {exchange.gate}", f"partition = {exchange.partition}"]
+            lines += [f"upstream = {_ref(metadata, upstream)}"]
+        lines += [f"downstream = {_ref(metadata, downstream)}", f"gate = {_value(exchange.gate)}"]
+        lines += [f"partition = {_value(exchange.partition)}"]
         if exchange.partitioner:
-            lines += [f'partitioner = "{exchange.partitioner}"']
+            lines += [f"partitioner = {_value(exchange.partitioner)}"]
         lines += _type_and_key(exchange)
         lines += [""]
     count += _unplanned(metadata, described, lines, evidence)
@@ -104,9 +128,9 @@ def _figures(inputs: tuple[int, int], outputs: tuple[int, int]) -> str:
 
 def _type_and_key(exchange: Exchange) -> list[str]:
     if exchange.record_type:
-        return [f"type = {json.dumps(exchange.record_type)}", f"key = {json.dumps(list(exchange.key))}"]
+        return [f"type = {_value(exchange.record_type)}", f"key = {_value(list(exchange.key))}"]
     if exchange.decoder:
-        return [f"decoder = {json.dumps(exchange.decoder)}"]
+        return [f"decoder = {_value(exchange.decoder)}"]
     return ['# type = "..."        # e.g. "tuple<long,string>", "pojo<id:long,name:string>", "binary_row<k:string,...>"',
             '# key = ["..."]       # the key fields: positions ("f0") or names']  # fmt: skip
 
@@ -139,14 +163,14 @@ def _unplanned(
             lines += ["# upstream: the tail of the sending chain; operators with output state the parallelisms allow:"]
             for op, partition in candidates:
                 out_buffers, out_bytes = _in_flight(op, OUTPUT, partition)
-                said = f"; {evidence(Exchange(op.id_hex, downstream.id_hex, gate, partition))}" if evidence else ""
+                said = f"; {printable(evidence(Exchange(op.id_hex, downstream.id_hex, gate, partition)))}" if evidence else ""
                 lines += [
-                    f"#   {_ref(op)}, partition {partition}: {out_buffers} output buffers ({out_bytes} bytes){said}",
+                    f"#   {_ref(metadata, op)}, partition {partition}: {out_buffers} output buffers ({out_bytes} bytes){said}",
                     f"#     ({_describe(op)})",
                 ]
         else:
             lines += ["# upstream: no operator holds output state for it (the sender sent it all)"]
-        lines += ['# upstream = "..."', f"downstream = {_ref(downstream)}", f"gate = {gate}", "partition = 0"]
+        lines += ['# upstream = "..."', f"downstream = {_ref(metadata, downstream)}", f"gate = {gate}", "partition = 0"]
         lines += ['# partitioner = "HASH"']
         lines += _type_and_key(Exchange(None, downstream.id_hex))
         lines += [""]

@@ -21,6 +21,10 @@ from typing import Any, ClassVar, NamedTuple
 from ckpt_tool.records.types.binary import BinaryRow, RecordDecodeError, null_bits_size, sql_to_json
 from ckpt_tool.records.types.syntax import ROW_KINDS, DataType
 
+# Strings of at least this many UTF-16 units that are not ASCII are decoded with NumPy, in chunks.
+LONG_STRING_UNITS = 4096
+STRING_CHUNK_UNITS = 1 << 20
+
 
 @dataclass
 class Row:
@@ -152,14 +156,69 @@ class ValueReader:
         return value
 
     def string(self) -> str | None:
+        """``StringValue``: a varint of the length + 1, then one varint per UTF-16 unit. ASCII text
+        (one byte per unit) is decoded at once and long strings in chunks with NumPy, so a
+        string of hundreds of MiB costs about as much as copying it."""
         length = self.varint()
         if length == 0:
             return None
+        count = length - 1
+        head = self.data[self.pos : self.pos + count]  # a view where the record is one (no copy)
+        if len(head) == count:
+            try:
+                text = str(head, "ascii")
+            except UnicodeDecodeError:
+                pass
+            else:
+                self.pos += count
+                return text
+        if count >= LONG_STRING_UNITS:
+            return self._long_string(count)
+        return self._units(count).decode("utf-16-be", "surrogatepass")
+
+    def _units(self, count: int) -> bytes:
+        """``count`` UTF-16 units, one varint each, as big-endian bytes (a unit is the varint's
+        low 16 bits, as Java's ``(char)`` cast keeps them)."""
         units = bytearray()
-        for _ in range(length - 1):
+        for _ in range(count):
             c = self.varint()
             units += bytes(((c >> 8) & 0xFF, c & 0xFF))
-        return units.decode("utf-16-be", "surrogatepass")
+        return bytes(units)
+
+    def _long_string(self, count: int) -> str:
+        """``_units`` over NumPy, chunk by chunk: a chunk's units end at its bytes below 0x80, and
+        only a unit's first three bytes reach its low 16 bits. A chunk whose units do not all end
+        within three bytes each (never so in what Flink writes) is read unit by unit."""
+        import numpy as np
+
+        data = np.frombuffer(self.data, dtype=np.uint8)
+        text: list[str] = []
+        carry = b""  # a high surrogate at the end of a chunk waits for the low one that follows it
+        left = count
+        while left:
+            take = min(left, STRING_CHUNK_UNITS)
+            window = data[self.pos : self.pos + 3 * take]
+            ends = np.flatnonzero(window < 0x80)[:take]
+            if len(ends) < take:
+                units = self._units(take)
+            else:
+                size = int(ends[-1]) + 1
+                starts = np.empty(take, dtype=np.int64)
+                starts[0] = 0
+                starts[1:] = ends[:-1] + 1
+                place = np.arange(size, dtype=np.int64) - np.repeat(starts, ends - starts + 1)
+                bits = (window[:size] & 0x7F).astype(np.uint32) << (7 * np.minimum(place, 3)).astype(np.uint32)
+                bits[place >= 3] = 0
+                units = (np.add.reduceat(bits, starts) & 0xFFFF).astype(">u2").tobytes()
+                self.pos += size
+            units = carry + units
+            cut = len(units) - 2 if 0xD8 <= units[-2] <= 0xDB else len(units)
+            text.append(units[:cut].decode("utf-16-be", "surrogatepass"))
+            carry = units[cut:]
+            left -= take
+        if carry:
+            text.append(carry.decode("utf-16-be", "surrogatepass"))
+        return "".join(text)
 
     def read(self, t: DataType) -> Any:
         name = t.name
@@ -172,7 +231,7 @@ class ValueReader:
             return self.u8() != 0
         if name == "bytes":
             length = self.size(0)
-            return self.data[self.pos - length : self.pos]
+            return bytes(self.data[self.pos - length : self.pos])
         if name == "tuple":
             return tuple(self.read(f) for f in t.fields)
         if name in _JAVA_TIME:
