@@ -22,16 +22,35 @@ from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, 
 @click.version_option(package_name="ckpt-tool", prog_name="ckpt")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
+@click.option(
+    "--io-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    metavar="SECONDS",
+    help="Object stores: give up on a connection silent this long (default 10; CKPT_IO_TIMEOUT).",
+)
+@click.option(
+    "--io-attempts",
+    type=click.IntRange(min=1, max=100),
+    metavar="N",
+    help="Object stores: tries of a request whose connection failed or went silent (default 3; CKPT_IO_ATTEMPTS).",
+)
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None) -> None:
+def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None, io_timeout: float | None, io_attempts: int | None) -> None:
     """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline.
 
-    CHECKPOINT, SRC and DST are local paths, file:// or s3:// URIs (s3a:// and s3p:// too).
-    S3 access uses boto3's default credential chain, AWS_PROFILE and region settings.
+    CHECKPOINT, SRC and DST are local paths, file:// URIs, or object store URIs: s3:// (s3a://,
+    s3p://), gs://<bucket>/<path>, abfs[s]://<container>@<account>.dfs.core.windows.net/<path> or
+    wasb[s]://<container>@<account>.blob.core.windows.net/<path>. Each store's own credential chain
+    and environment apply (AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, ...).
     """
     ctx.obj = {"verbose": verbose}
+    # read by the storage, also on Spark executors (their environment carries them)
     if s3_endpoint:
-        os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint  # read by the S3 storage, also on Spark executors
+        os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint
+    if io_timeout is not None:
+        os.environ["CKPT_IO_TIMEOUT"] = f"{io_timeout:g}"
+    if io_attempts is not None:
+        os.environ["CKPT_IO_ATTEMPTS"] = str(io_attempts)
 
 
 def parse_conf(pairs: tuple[str, ...]) -> dict[str, str]:

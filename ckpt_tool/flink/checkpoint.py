@@ -18,8 +18,7 @@ from ckpt_tool.flink.model import (
     RelativeFileHandle,
     SegmentFileHandle,
 )
-from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
-from ckpt_tool.storage.base import is_s3, within
+from ckpt_tool.storage import FileIO, io_for, is_local, join, normalize_uri, parent, within
 
 METADATA_FILE = "_metadata"
 
@@ -89,7 +88,7 @@ class Checkpoint:
         metadata = read_metadata(io.read(metadata_uri), source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
         checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
-        if not is_s3(uri):
+        if is_local(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint
 

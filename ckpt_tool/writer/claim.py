@@ -1,10 +1,11 @@
 """One writer per destination: a run claims DST before it writes anything there.
 
 The claim is a lock file, ``DST/_ckpt_lock``, created exclusively (``O_EXCL`` locally, a
-conditional put with ``If-None-Match: *`` on S3) and holding a JSON record of the run: pid, host,
+conditional create on object stores: ``If-None-Match: *`` on S3 and Azure, ``ifGenerationMatch=0`` on
+Google Cloud Storage) and holding a JSON record of the run: pid, host,
 start time and the files DST held before. Locally the run also holds an ``flock`` on it for its
 whole life; the kernel drops that when the process dies, even by ``kill -9``, so a later run can
-tell a dead claim from a live one and clean up after it. On S3 nothing tells whether the owner is
+tell a dead claim from a live one and clean up after it. On an object store nothing tells whether the owner is
 still alive: a second run is refused with the exact list of what to remove if that run is dead.
 
 A run that fails removes exactly what it created: the files that were not in DST before, then
@@ -25,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import AlreadyExistsError, CkptError, StorageError
-from ckpt_tool.storage import FileIO, io_for, join, normalize_uri
-from ckpt_tool.storage.base import is_s3, within
+from ckpt_tool.storage import FileIO, io_for, is_local, join, normalize_uri, within
 
 LOCK_FILE = "_ckpt_lock"
 OUTPUT_PREFIX = "ckpt-"  # every data file ckpt writes is named so
@@ -34,7 +34,7 @@ MAX_RECORD_BYTES = 1 << 24
 
 
 class DestinationBusyError(CkptError):
-    """Another ckpt run holds the destination, or a dead one left it locked (S3)."""
+    """Another ckpt run holds the destination, or a dead one left it locked (object stores)."""
 
 
 @dataclass
@@ -94,12 +94,12 @@ def claimed(dst: str) -> Iterator[Claim]:
 def take_claim(dst: str) -> Claim:
     dst = normalize_uri(dst).rstrip("/")
     io = io_for(dst)
-    if is_s3(dst):
+    if not is_local(dst):  # an object store
         claim = Claim(dst, io, set(io.list(dst)))
         try:
             io.write(claim.lock_uri, _record(claim))
         except AlreadyExistsError:
-            raise _s3_busy(claim) from None
+            raise _remote_busy(claim) from None
     else:
         claim = _take_local(Claim(dst, io))
     try:
@@ -245,8 +245,8 @@ def _owner(record: Optional[dict]) -> str:
     return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('started')}"
 
 
-def _s3_busy(claim: Claim) -> DestinationBusyError:
-    """S3 cannot tell whether the owner lives: say exactly what to remove if it does not."""
+def _remote_busy(claim: Claim) -> DestinationBusyError:
+    """An object store cannot tell whether the owner lives: say exactly what to remove if it does not."""
     record = _parse_record(claim.io.read(claim.lock_uri))
     before = {join(claim.dst, name) for name in _strings(record or {}, "files_before")}
     owner = _owner(record)
