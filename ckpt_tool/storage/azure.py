@@ -58,24 +58,24 @@ class AzureFileIO(FileIO):
         try:
             yield
         except az.ResourceNotFoundError as exc:
-            if exc.error_code == "ContainerNotFound":
+            if _code(exc) == "ContainerNotFound":
                 raise StorageError(f"container '{path.container}' does not exist in account '{path.account}'") from exc
             raise _MissingObject(f"cannot {what} {uri}: no such object") from exc
         except (az.ResourceExistsError, az.ResourceModifiedError) as exc:
-            if exc.error_code in ("BlobAlreadyExists", "ConditionNotMet") or exc.status_code in (409, 412):
+            if _code(exc) in ("BlobAlreadyExists", "ConditionNotMet") or exc.status_code in (409, 412):
                 raise AlreadyExistsError(f"{uri} already exists; ckpt never overwrites files") from exc
-            raise StorageError(f"cannot {what} {uri}: {exc.error_code or exc.status_code}") from exc
+            raise StorageError(f"cannot {what} {uri}: {_code(exc) or exc.status_code}") from exc
         except az.ClientAuthenticationError as exc:
             if exc.status_code is None:  # the credential chain found nothing to use
                 raise StorageError(f"cannot {what} {uri}: {NO_CREDENTIALS}") from exc
-            code = exc.error_code or exc.status_code
+            code = _code(exc) or exc.status_code
             raise StorageError(f"cannot {what} {uri}: the Azure credentials were rejected ({code})") from exc
         except az.HttpResponseError as exc:
             if exc.status_code == 403:
                 raise StorageError(f"access denied to {uri}") from exc
             if exc.status_code == 404:
                 raise _MissingObject(f"cannot {what} {uri}: no such object") from exc
-            raise StorageError(f"cannot {what} {uri}: {exc.error_code or exc.status_code} ({_first_line(exc.reason)})") from exc
+            raise StorageError(f"cannot {what} {uri}: {_code(exc) or exc.status_code} ({_first_line(exc.reason)})") from exc
         except az.ServiceResponseError as exc:
             raise StorageError(f"Azure endpoint {self._endpoint(path)} stalled: {self.patience.stalled()}") from exc
         except az.ServiceRequestError as exc:
@@ -158,6 +158,12 @@ class AzureFileIO(FileIO):
                 self._blob(path).delete_blob()
         except _MissingObject:
             pass
+
+
+def _code(exc: BaseException) -> str | None:
+    """The store's error code (``BlobNotFound``...), which the storage library sets on its errors."""
+    code = getattr(exc, "error_code", None)
+    return str(code) if code else None
 
 
 def _connection_string_account(text: str) -> str | None:
