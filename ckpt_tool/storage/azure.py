@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlparse
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
 from ckpt_tool.storage.base import FileIO, spooled
@@ -29,6 +30,7 @@ NO_CREDENTIALS = (
 )
 ENVIRONMENT = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN")
 PARALLEL_BLOCKS = 4
+MAX_BACKOFF = 16.0  # seconds between two tries, at most
 
 
 class _MissingObject(StorageError):
@@ -71,6 +73,8 @@ class AzureFileIO(FileIO):
             code = _code(exc) or exc.status_code
             raise StorageError(f"cannot {what} {uri}: the Azure credentials were rejected ({code})") from exc
         except az.HttpResponseError as exc:
+            if exc.status_code == 403 and _code(exc) in ("AuthenticationFailed", "InvalidAuthenticationInfo"):
+                raise StorageError(f"cannot {what} {uri}: the Azure credentials were rejected ({_code(exc)})") from exc
             if exc.status_code == 403:
                 raise StorageError(f"access denied to {uri}") from exc
             if exc.status_code == 404:
@@ -163,24 +167,32 @@ class AzureFileIO(FileIO):
 def _code(exc: BaseException) -> str | None:
     """The store's error code (``BlobNotFound``...), which the storage library sets on its errors."""
     code = getattr(exc, "error_code", None)
-    return str(code) if code else None
+    return str(getattr(code, "value", code)) if code else None
 
 
 def _connection_string_account(text: str) -> str | None:
+    """The account a connection string is for: its AccountName, else its blob endpoint's
+    (``https://<account>.blob...``, or Azurite's ``http://127.0.0.1:10000/<account>``)."""
     fields = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
     if fields.get("UseDevelopmentStorage", "").lower() == "true":
         return "devstoreaccount1"
-    return fields.get("AccountName")
+    if fields.get("AccountName"):
+        return fields["AccountName"]
+    endpoint = urlparse(fields.get("BlobEndpoint", ""))
+    host = endpoint.hostname or ""
+    if host.replace(".", "").isdigit() or host == "localhost":
+        return endpoint.path.strip("/").split("/")[0] or None
+    return host.split(".")[0] or None
 
 
 @lru_cache(maxsize=32)
 def _service_client(account: str, suffix: str, environment: tuple, patience: Patience) -> Any:
     """A client for one account: the connection string's if it names the account, else the
     account's endpoint with a key, a SAS token or azure-identity's default chain."""
-    from azure.storage.blob import BlobServiceClient, ExponentialRetry
+    from azure.storage.blob import BlobServiceClient
 
     connection_string, key, sas = environment
-    retry = ExponentialRetry(
+    retry = _retry_policy()(
         initial_backoff=1,
         increment_base=2,
         retry_total=10,
@@ -205,6 +217,26 @@ def _service_client(account: str, suffix: str, environment: tuple, patience: Pat
 
         credential = DefaultAzureCredential()
     return BlobServiceClient(f"https://{account}.blob.{suffix}", credential=credential, **options)
+
+
+@lru_cache(maxsize=1)
+def _retry_policy() -> type:
+    """The library's exponential retry, except that an error with no answer or connection behind
+    it (a credential the default chain could not find) is not retried, and no wait between tries
+    is longer than ``MAX_BACKOFF`` seconds."""
+    from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+    from azure.storage.blob import ExponentialRetry
+
+    class Retry(ExponentialRetry):
+        def increment(self, settings, request, response=None, error=None) -> bool:
+            if error is not None and not isinstance(error, (ServiceRequestError, ServiceResponseError)):
+                return False
+            return super().increment(settings, request, response, error)
+
+        def get_backoff_time(self, settings) -> float:
+            return min(super().get_backoff_time(settings), MAX_BACKOFF)
+
+    return Retry
 
 
 def _os_reason(exc: BaseException) -> str:

@@ -97,6 +97,10 @@ class GcsFileIO(FileIO):
         except api.GoogleAPICallError as exc:
             raise StorageError(f"cannot {what} {uri}: {exc.code} ({_first_line(exc.message)})") from exc
         except auth.DefaultCredentialsError as exc:
+            named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            if named:
+                problem = f"GOOGLE_APPLICATION_CREDENTIALS names {named}, not a usable credentials file"
+                raise StorageError(f"cannot {what} {uri}: {problem} ({_first_line(str(exc))})") from exc
             raise StorageError(f"cannot {what} {uri}: {NO_CREDENTIALS}") from exc
         except auth.RefreshError as exc:
             raise StorageError(

@@ -95,6 +95,13 @@ class AzurePath:
         return f"https://{self.account}.blob.{self.suffix}"
 
 
+def refuse_dot_segments(uri: str, key: str) -> None:
+    """An object store keeps ``.`` and ``..`` in a key as they are, where a file system (and
+    Flink's own paths) would resolve them: such a key is refused rather than read or written."""
+    if any(segment in (".", "..") for segment in key.split("/")):
+        raise StorageError(f"{uri}: an object key with a '.' or '..' segment is refused (object stores do not resolve them)")
+
+
 def split_azure_uri(uri: str) -> AzurePath:
     normal = normalize_uri(uri)
     authority, _, key = normal[len("abfss://") :].partition("/")
@@ -105,6 +112,7 @@ def split_azure_uri(uri: str) -> AzurePath:
             "or wasb[s]://<container>@<account>.blob.core.windows.net/<path>"
         )
     container, account, _, suffix = match.groups()
+    refuse_dot_segments(uri, key)
     return AzurePath(container, account, suffix, key)
 
 
@@ -114,4 +122,5 @@ def split_bucket_uri(uri: str) -> tuple[str, str]:
     bucket, _, key = rest.partition("/")
     if not bucket:
         raise StorageError(f"no bucket in {uri!r}")
+    refuse_dot_segments(uri, key)
     return bucket, key
