@@ -131,6 +131,9 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     session = Session.open(
         checkpoint, schema, plan, engine, spark_master, parse_conf(conf), require_files, quiet=not verbose, sql_plan=sql_plan
     )
+    if session.checkpoint.job_dir is not None:
+        name = session.checkpoint.uri.rsplit("/", 1)[-1]
+        click.echo(f"ckpt: using {name}, the newest complete checkpoint of {session.checkpoint.job_dir}", err=True)
 
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:
@@ -291,6 +294,22 @@ def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) 
         click.echo(json.dumps(report.as_dict()))
     else:
         click.echo(f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels) written to {out}")
+
+
+@cli.command("list")
+@click.argument("job_dir")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def list_command(job_dir, as_json) -> None:
+    """List the checkpoints (chk-<n>) and savepoints in JOB_DIR, a job's checkpoint directory
+    (…/<job-id>/), newest first: id, complete or not, size, in-flight bytes, parallelism per
+    operator, and whether the checkpoint looks inflated (channel-state handles replicated across
+    an operator's subtasks). Read from each _metadata alone.
+
+    Any command given a job directory as CHECKPOINT or SRC uses its newest complete checkpoint.
+    """
+    from ckpt_tool.ops.listing import list_checkpoints
+
+    output_for(as_json).listing(list_checkpoints(job_dir))
 
 
 def main(argv: list[str] | None = None) -> None:

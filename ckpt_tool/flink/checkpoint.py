@@ -6,9 +6,11 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.changelog import COMPRESSED, changelog_files
+from ckpt_tool.flink.job_dir import newest_complete
 from ckpt_tool.flink.metadata import iter_stream_handles, map_stream_handles, read_metadata
 from ckpt_tool.flink.model import (
     ByteStreamHandle,
@@ -74,20 +76,28 @@ class Checkpoint:
     metadata: CheckpointMetadata
     paths: PathMapping
     _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
+    job_dir: Optional[str] = None  # the job directory it was chosen from, when it was given one
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
-        """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata."""
+        """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata. A job
+        directory (``…/<job-id>/``, holding ``chk-<n>`` directories) stands for its newest
+        complete checkpoint (``job_dir`` then names it)."""
         uri = normalize_uri(uri).rstrip("/")
         if uri.endswith("/" + METADATA_FILE):
             uri = parent(uri)
         io = io_for(uri)
         metadata_uri = join(uri, METADATA_FILE)
+        job_dir = None
         if not io.exists(metadata_uri):
-            raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
+            newest = newest_complete(io, uri)
+            if newest is None:
+                raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
+            job_dir, uri = uri, newest.uri
+            metadata_uri = join(uri, METADATA_FILE)
         metadata = read_metadata(io.read(metadata_uri), source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
-        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
+        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri), job_dir=job_dir)
         if is_local(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint

@@ -134,18 +134,21 @@ class AzureFileIO(FileIO):
         """False only for a missing blob in an existing container; other failures raise."""
         return self._properties(uri) is not None
 
-    def list(self, uri: str) -> list[str]:
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         path = split_azure_uri(uri)
         prefix = path.key.rstrip("/") + "/" if path.key else ""
         base = f"abfss://{path.container}@{path.account}.dfs.{path.suffix}/"
-        found: list[str] = []
+        found: list[tuple[str, int]] = []
         with self._errors("list", uri, path):
             container = self._client(path).get_container_client(path.container)
             for blob in container.list_blobs(name_starts_with=prefix, include=["metadata"]):
                 if (blob.metadata or {}).get("hdi_isfolder") == "true" or blob.name.endswith("/"):
                     continue  # a directory of a hierarchical namespace (ADLS Gen2)
-                found.append(base + blob.name)
+                found.append((base + blob.name, int(blob.size or 0)))
         return sorted(found)
+
+    def list(self, uri: str) -> list[str]:
+        return [found for found, _ in self.list_sizes(uri)]
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         """Create the blob only if it does not exist (``If-None-Match: *``, checked by the store

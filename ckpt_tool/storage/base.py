@@ -32,6 +32,10 @@ class FileIO(ABC):
     @abstractmethod
     def exists(self, uri: str) -> bool: ...
 
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
+        """Every file below ``uri`` with its size, sorted (object stores list sizes with names)."""
+        return [(found, self.size(found)) for found in self.list(uri)]
+
     @abstractmethod
     def list(self, uri: str) -> list[str]:
         """Every file below ``uri`` (recursively), as full URIs, sorted."""

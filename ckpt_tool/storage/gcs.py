@@ -177,15 +177,20 @@ class GcsFileIO(FileIO):
         """False only for a missing object in an existing bucket; other failures raise."""
         return self._blob(uri) is not None
 
-    def list(self, uri: str) -> list[str]:
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         bucket, prefix = split_bucket_uri(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         try:
             with self._errors("list", uri):
-                names = [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix, **self._call())]
+                blobs = [
+                    (blob.name, int(blob.size or 0)) for blob in self.client.list_blobs(bucket, prefix=prefix, **self._call())
+                ]
         except _MissingObject:
             raise self._missing(uri, bucket) from None
-        return sorted(f"gs://{bucket}/{name}" for name in names if not name.endswith("/"))
+        return sorted((f"gs://{bucket}/{name}", size) for name, size in blobs if not name.endswith("/"))
+
+    def list(self, uri: str) -> list[str]:
+        return [found for found, _ in self.list_sizes(uri)]
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         """Create the object only if it does not exist (``ifGenerationMatch=0``)."""

@@ -158,14 +158,17 @@ class S3FileIO(FileIO):
         """False only for a missing object in an existing bucket; other failures raise."""
         return self._head(uri) is not None
 
-    def list(self, uri: str) -> list[str]:
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         bucket, prefix = split_s3_uri(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
-        found: list[str] = []
+        found: list[tuple[str, int]] = []
         with self._errors("list", uri):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                found.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))
+                found.extend((f"s3://{bucket}/{item['Key']}", int(item.get("Size", 0))) for item in page.get("Contents", []))
         return sorted(found)
+
+    def list(self, uri: str) -> list[str]:
+        return [found for found, _ in self.list_sizes(uri)]
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         """Create the object only if it does not exist (``If-None-Match: *``, checked by S3 when the
