@@ -42,6 +42,8 @@ def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None, io_timeout: 
     s3p://), gs://<bucket>/<path>, abfs[s]://<container>@<account>.dfs.core.windows.net/<path> or
     wasb[s]://<container>@<account>.blob.core.windows.net/<path>. Each store's own credential chain
     and environment apply (AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, ...).
+    CHECKPOINT and SRC may also be a job's checkpoint directory (.../<job-id>/): ckpt takes its newest
+    complete chk-<n> and says which.
     """
     ctx.obj = {"verbose": verbose}
     # read by the storage, also on Spark executors (their environment carries them)
@@ -149,7 +151,7 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 @session_options
 @click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots.")
 def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_file) -> None:
-    """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
+    """Show what CHECKPOINT (a directory, its _metadata, an object store URI, or a job directory) holds.
 
     With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
     histogram, misplaced records (outside the holding subtask's key groups) and duplicates.
@@ -191,8 +193,8 @@ def rescale(src, dst, parallelism, operators, schema, plan, engine, spark_master
     """Write to DST a copy of checkpoint SRC for a new parallelism.
 
     Every new subtask holds exactly the in-flight records of its key groups; keyed and operator
-    state are reassigned as Flink would. SRC and DST are directories or s3:// URIs; DST must
-    not hold a checkpoint yet.
+    state are reassigned as Flink would. SRC and DST are directories or object store URIs (SRC
+    may be a job directory: its newest complete checkpoint); DST must not hold a checkpoint yet.
     """
     from ckpt_tool.ops.rescale import rescale as run_rescale
 
