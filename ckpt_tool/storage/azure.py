@@ -196,8 +196,8 @@ def _service_client(account: str, suffix: str, environment: tuple, patience: Pat
 
     connection_string, key, sas = environment
     retry = _retry_policy()(
-        initial_backoff=1,
-        increment_base=2,
+        initial_backoff=0.5,  # waits of 2, 2.75, 3.9, ... s (and jitter), at most MAX_BACKOFF
+        increment_base=1.5,
         retry_total=10,
         retry_connect=patience.attempts - 1,
         retry_read=patience.attempts - 1,
