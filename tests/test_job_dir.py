@@ -64,7 +64,18 @@ def test_list(ckpt, tmp_path):
     assert newest["size_bytes"] >= newest["in_flight_bytes"] > 0
     code, out, err = ckpt("list", job)
     assert code == 0, err
-    assert "newest complete: " + BASE.checkpoint.name in out and "no (no _metadata)" in out
+    assert "newest complete checkpoint: " + BASE.checkpoint.name in out and "no (no _metadata)" in out
+
+
+def test_list_savepoints(ckpt):
+    savepoints = fixture_named("flink23-savepoint-native-p2").directory / "savepoints"
+    code, out, err = ckpt("list", "--json", savepoints)
+    assert code == 0, err
+    report = json.loads(out)
+    (savepoint,) = report["checkpoints"]
+    assert savepoint["kind"] == "savepoint" and savepoint["complete"] and savepoint["name"].startswith("savepoint-")
+    assert savepoint["checkpoint_id"] == fixture_named("flink23-savepoint-native-p2").expected["checkpoint_id"]
+    assert report["newest_complete"] is None  # a savepoint is not a checkpoint the job directory form would take
 
 
 def test_list_shows_replicated_channel_state(ckpt, tmp_path):

@@ -357,7 +357,7 @@ class RichOutput(Output):
         columns = ["checkpoint", "id", "complete", "size", "in-flight", "parallelism", "inflated"]
         self._show(escape(f"Checkpoints of {report.job_dir}"), columns, rows)
         newest = report.newest_complete
-        self.console.print(f"newest complete: {escape(newest.name) if newest else 'none'}", highlight=False)
+        self.console.print(f"newest complete checkpoint: {escape(newest.name) if newest else 'none'}", highlight=False)
 
 
 def _parallelism(parallelism: dict[str, int]) -> str:
