@@ -45,6 +45,7 @@ class AzureStore:
         from azure.storage.blob import BlobServiceClient
 
         service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
+        self._service_url = service.url.rstrip("/")
         self.container_name = container
         self.container = service.get_container_client(container)
         try:
@@ -56,6 +57,10 @@ class AzureStore:
 
     def uri(self, key: str) -> str:
         return f"{self.base}/{key}"
+
+    def blob_endpoint(self) -> str:
+        """The account's blob endpoint (Azurite's: http://127.0.0.1:<port>/devstoreaccount1)."""
+        return self._service_url
 
     def put(self, key: str, data: bytes) -> None:
         self.container.upload_blob(key, data)

@@ -306,3 +306,37 @@ def test_azure_credentials_and_access(ckpt, azurite, monkeypatch, tmp_path):
     assert message.startswith(
         "cannot read abfss://c1@nosuchaccount.dfs.core.windows.net/job/chk-1/_metadata: no Azure credentials"
     ), message
+
+
+def test_throttling_and_server_errors_are_retried(ckpt, store, monkeypatch):
+    """Behind a proxy that fails the first attempt of every request with 503 or 500, inspect gives
+    Flink's figures and an exclusive create succeeds: the stores' clients retried."""
+    import os
+    import threading
+
+    from emulators import connection_string
+    from test_s3_end_to_end import FaultyProxy
+
+    endpoint = os.environ["STORAGE_EMULATOR_HOST"] if store.name == "gcs" else store.blob_endpoint()
+    proxy = FaultyProxy(endpoint)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{proxy.server_address[1]}"
+        if store.name == "gcs":
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", address)
+        else:
+            account = endpoint.rsplit("/", 1)[1]
+            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection_string(f"{address}/{account}"))
+        src = store.uri(f"in/{JOB}/{CHK}")
+        code, out, err = ckpt("inspect", "--json", src)
+        assert code == 0, err
+        assert figures(json.loads(out)) == EXPECTED
+        from ckpt_tool.storage import io_for
+
+        written = store.uri("retried/object")
+        io_for(written).write(written, b"retried")  # a conditional create, retried after a 5xx
+        assert store.get("retried/object") == b"retried"
+        assert proxy.injected > 5
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
