@@ -1,6 +1,7 @@
 # `make demo` and `make test` work on a fresh machine with Python 3.11+, Java 17 and javac:
 # each creates the virtualenv it needs. Real Flink is downloaded once into
-# $(CKPT_FLINK_CACHE) (default ~/.cache/ckpt-flink), never into the repository.
+# $(CKPT_FLINK_CACHE) (default ~/.cache/ckpt-flink), never into the repository; so is Azurite,
+# Microsoft's Azure Storage emulator (npm; Node from Debian), into $(CKPT_TOOLS_CACHE)/azurite.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,11 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup browser demo test conformance compat bench fixtures clean
+CKPT_TOOLS_CACHE ?= $(HOME)/.cache/ckpt-tools
+AZURITE := $(CKPT_TOOLS_CACHE)/azurite/node_modules/.bin/azurite-blob
+export CKPT_TOOLS_CACHE
+
+.PHONY: setup browser azurite demo test conformance compat bench fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -22,6 +27,14 @@ $(VENV)/.installed: pyproject.toml setup.py ckpt_tool/records/_framing.c
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# The Azure tests run Azurite (tests/emulators.py starts it on 127.0.0.1; the GCS emulator is a
+# test dependency from PyPI).
+azurite: $(AZURITE)
+
+$(AZURITE):
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null)
+	npm install --no-audit --no-fund --prefix $(CKPT_TOOLS_CACHE)/azurite azurite@3
+
 # The bundled checkpoint (Flink 2.3, parallelism 2) is inspected, rescaled to 3, and restored by
 # real Flink 2.3 at parallelism 3, which counts every record exactly once.
 demo: setup
@@ -32,7 +45,7 @@ demo: setup
 
 # Lint, format check and type check first (seconds), then every test. The HTML report tests
 # look at pages in Debian's Chromium, installed here when missing.
-test: setup browser
+test: setup browser azurite
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

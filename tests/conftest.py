@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+# Not on Google Cloud: Google's credential chain must not ask its metadata server (a non-local address);
+# read when google.auth is first imported, so set before any test imports it.
+os.environ.setdefault("NO_GCE_CHECK", "true")
 
 from catalog import ALL_FIXTURES, CAPTURED, CI_FLINK_VERSIONS, FILE_MERGING, IN_FLIGHT, RESTORABLE, SNAPSHOTS
 
@@ -105,3 +108,36 @@ def s3_endpoint():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def _set_environment(values: dict[str, str | None]) -> dict[str, str | None]:
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return saved
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """gcp-storage-emulator on 127.0.0.1 (see tests/emulators.py), reached through STORAGE_EMULATOR_HOST."""
+    from emulators import gcs_emulator as start
+
+    with start() as emulator:
+        saved = _set_environment({"STORAGE_EMULATOR_HOST": emulator.endpoint})
+        yield emulator
+        _set_environment(saved)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """Azurite's Blob service on 127.0.0.1 (see tests/emulators.py), reached through
+    AZURE_STORAGE_CONNECTION_STRING."""
+    from emulators import azurite as start
+
+    with start(tmp_path_factory.mktemp("azurite")) as server:
+        saved = _set_environment({"AZURE_STORAGE_CONNECTION_STRING": server.connection_string})
+        yield server
+        _set_environment(saved)

@@ -150,3 +150,40 @@ def test_writes_are_exclusive(s3_endpoint, bucket, size):
     assert head["ContentLength"] == size and ("-" in head["ETag"]) == (size >= MULTIPART_BYTES)
     assert io.read_range(uri, size - 1, 1) == b"\0", "the first write stays"
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == [], "the refused upload is aborted"
+
+
+def test_stalled_endpoint_fails_fast(ckpt, s3_endpoint, fresh_clients, monkeypatch):
+    """An endpoint that accepts connections and never answers: each try waits CKPT_IO_TIMEOUT
+    seconds, CKPT_IO_ATTEMPTS tries in all (by default 10 s x 3: about 30 s, not botocore's 60 s x 10)."""
+    from stalled import StalledServer
+
+    from ckpt_tool.storage.patience import Patience
+
+    assert Patience().read * Patience().attempts == 30
+    monkeypatch.setenv("CKPT_IO_TIMEOUT", "10")  # the options below set these; restored after the test
+    monkeypatch.setenv("CKPT_IO_ATTEMPTS", "3")
+    with StalledServer() as server:
+        started = time.monotonic()
+        code, out, err = ckpt(
+            "--io-timeout",
+            "1.5",
+            "--io-attempts",
+            "3",
+            "--s3-endpoint",
+            f"http://{server.address}",
+            "inspect",
+            "s3://b/job/chk-1",
+        )
+        elapsed = time.monotonic() - started
+        message = one_error(code, out, err)
+        assert len(server.accepted) == 3, "one connection per attempt"
+    assert 4.5 <= elapsed < 12, elapsed
+    assert message == (
+        f"S3 endpoint http://{server.address} stalled: no answer within 1.5 s (3 attempts; CKPT_IO_TIMEOUT sets the wait)"
+    )
+
+
+def test_bad_io_settings_are_one_line(ckpt, fresh_clients, monkeypatch):
+    monkeypatch.setenv("CKPT_IO_TIMEOUT", "soon")
+    message = one_error(*ckpt("inspect", "s3://b/job/chk-1"))
+    assert message == "CKPT_IO_TIMEOUT='soon' is not a number of seconds between 0 and 86400"

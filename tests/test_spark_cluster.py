@@ -324,3 +324,23 @@ def test_executors_read_and_write_s3_with_the_drivers_settings(cluster, source, 
     assert inflight and all("-attempt-" in k for k in inflight)
     verified = run_ckpt("verify", dst, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--engine", "local", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_executors_read_gcs_and_write_azure_with_the_drivers_settings(cluster, source, gcs_emulator, azurite):
+    """The executors read Google Cloud Storage and write Azure (both emulators on 127.0.0.1, named
+    by the driver's STORAGE_EMULATOR_HOST and AZURE_STORAGE_CONNECTION_STRING) through the shipped
+    google-cloud-storage and azure-storage-blob."""
+    from stores import AzureStore, GcsStore, upload_tree
+
+    gcs, azure = GcsStore("cluster"), AzureStore("cluster")
+    job = source.parent
+    upload_tree(gcs, job, f"in/{job.name}")
+    src, dst = gcs.uri(f"in/{job.name}/{source.name}"), azure.uri(f"out/job/{source.name}")
+    result = run_ckpt(*rescale_args(src, dst, cluster.url))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["records_out"] == report["records_in"] > 0
+    inflight = [k for k in azure.keys("out/") if "/ckpt-inflight-" in k]
+    assert inflight and all("-attempt-" in k for k in inflight), "the executors wrote the in-flight files"
+    verified = run_ckpt("verify", dst, "--plan", FIXTURE.plan, "--schema", COUNTJOB_SCHEMA, "--engine", "local", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -44,16 +44,37 @@ PLUGIN_OPTION = click.option(
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--s3-endpoint", metavar="URL", help="Endpoint of an S3-compatible store (else AWS_ENDPOINT_URL).")
 @PLUGIN_OPTION
+@click.option(
+    "--io-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    metavar="SECONDS",
+    help="Object stores: give up on a connection silent this long (default 10; CKPT_IO_TIMEOUT).",
+)
+@click.option(
+    "--io-attempts",
+    type=click.IntRange(min=1, max=100),
+    metavar="N",
+    help="Object stores: tries of a request whose connection failed or went silent (default 3; CKPT_IO_ATTEMPTS).",
+)
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None) -> None:
+def cli(ctx: click.Context, verbose: bool, s3_endpoint: str | None, io_timeout: float | None, io_attempts: int | None) -> None:
     """Inspect, verify, rescale and repair Apache Flink unaligned checkpoints, offline.
 
-    CHECKPOINT, SRC and DST are local paths, file:// or s3:// URIs (s3a:// and s3p:// too).
-    S3 access uses boto3's default credential chain, AWS_PROFILE and region settings.
+    CHECKPOINT, SRC and DST are local paths, file:// URIs, or object store URIs: s3:// (s3a://,
+    s3p://), gs://<bucket>/<path>, abfs[s]://<container>@<account>.dfs.core.windows.net/<path> or
+    wasb[s]://<container>@<account>.blob.core.windows.net/<path>. Each store's own credential chain
+    and environment apply (AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, ...).
+    CHECKPOINT and SRC may also be a job's checkpoint directory (.../<job-id>/): ckpt takes its newest
+    complete chk-<n> and says which.
     """
     ctx.obj = {"verbose": verbose}
+    # read by the storage, also on Spark executors (their environment carries them)
     if s3_endpoint:
-        os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint  # read by the S3 storage, also on Spark executors
+        os.environ["CKPT_S3_ENDPOINT"] = s3_endpoint
+    if io_timeout is not None:
+        os.environ["CKPT_IO_TIMEOUT"] = f"{io_timeout:g}"
+    if io_attempts is not None:
+        os.environ["CKPT_IO_ATTEMPTS"] = str(io_attempts)
 
 
 def parse_conf(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -158,6 +179,10 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
         sql_plan=context.meta.get("sql_plan"),
         plugins=context.meta.get("plugins", ()),
     )
+    if session.checkpoint.chosen_from is not None:
+        name = session.checkpoint.uri.rsplit("/", 1)[-1]
+        chosen_from = printable(session.checkpoint.chosen_from)
+        click.echo(f"ckpt: using {printable(name)}, the newest complete checkpoint of {chosen_from}", err=True)
 
     for note in session.notes:  # what was derived from the bytes (output partitions)
         click.echo(f"ckpt: note: {note}", err=True)
@@ -176,7 +201,7 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 @session_options
 @click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots.")
 def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_file) -> None:
-    """Show what CHECKPOINT (a directory, its _metadata, or an s3:// URI) holds.
+    """Show what CHECKPOINT (a directory, its _metadata, an object store URI, or a job directory) holds.
 
     With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
     histogram, misplaced records (outside the holding subtask's key groups) and duplicates.
@@ -229,8 +254,8 @@ def rescale(
     """Write to DST a copy of checkpoint SRC for a new parallelism.
 
     Every new subtask holds exactly the in-flight records of its key groups; keyed and operator
-    state are reassigned as Flink would. SRC and DST are directories or s3:// URIs; DST must
-    not hold a checkpoint yet.
+    state are reassigned as Flink would. SRC and DST are directories or object store URIs (SRC
+    may be a job directory: its newest complete checkpoint); DST must not hold a checkpoint yet.
     """
     from ckpt_tool.ops.rescale import rescale as run_rescale
 
@@ -345,6 +370,22 @@ def records(checkpoint, schema, plan, engine, spark_master, conf, out, as_json) 
     else:
         written = f"{report.records} records of {report.exchanges} exchanges ({report.channels} channels)"
         click.echo(f"{written} written to {printable(out)}")
+
+
+@cli.command("list")
+@click.argument("job_dir")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def list_command(job_dir, as_json) -> None:
+    """List the checkpoints (chk-<n>) and savepoints in JOB_DIR, a job's checkpoint directory
+    (…/<job-id>/), newest first: id, complete or not, size, in-flight bytes, parallelism per
+    operator, and whether the checkpoint looks inflated (channel-state handles replicated across
+    an operator's subtasks). Read from each _metadata alone.
+
+    Any command given a job directory as CHECKPOINT or SRC uses its newest complete checkpoint.
+    """
+    from ckpt_tool.ops.listing import list_checkpoints
+
+    output_for(as_json).listing(list_checkpoints(job_dir))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from ckpt_tool.text import LINE_LIMIT, printable
 if TYPE_CHECKING:  # the reports' modules load the record path (NumPy); a metadata-only inspect needs none
     from ckpt_tool.exchanges import ExchangeScan
     from ckpt_tool.ops.inspect import FilesSummary, InspectReport, OperatorSummary
+    from ckpt_tool.ops.listing import ListReport
     from ckpt_tool.ops.verify import VerifyReport
     from ckpt_tool.rewrite import RescaleReport
 
@@ -95,6 +96,9 @@ class Output(ABC):
     @abstractmethod
     def verify(self, report: VerifyReport) -> None: ...
 
+    @abstractmethod
+    def listing(self, report: ListReport) -> None: ...
+
 
 class JsonOutput(Output):
     """Each report's ``as_dict``: the documented, stable layout."""
@@ -111,6 +115,9 @@ class JsonOutput(Output):
         self._emit(report.as_dict())
 
     def verify(self, report: VerifyReport) -> None:
+        self._emit(report.as_dict())
+
+    def listing(self, report: ListReport) -> None:
         self._emit(report.as_dict())
 
 
@@ -402,6 +409,46 @@ class RichOutput(Output):
             ]
             self._show("Problems", columns, rows)
         self._line(f"status: {report.summary}")
+
+    def listing(self, report: ListReport) -> None:
+        from rich.markup import escape
+
+        rows = []
+        for c in report.checkpoints:
+            if not c.complete:
+                state = "no (no _metadata)"
+            elif c.error:
+                state = f"unreadable: {c.error}"
+            else:
+                state = "yes"
+            inflated = "-" if c.inflated is None else (f"yes ({c.replicated_handles} replicated handles)" if c.inflated else "no")
+            rows.append(
+                [
+                    escape(c.name),
+                    "-" if c.checkpoint_id is None else str(c.checkpoint_id),
+                    escape(state),
+                    human_bytes(c.size if c.size is not None else c.directory_bytes),
+                    "-" if c.in_flight is None else human_bytes(c.in_flight),
+                    escape(_parallelism(c.parallelism)),
+                    inflated,
+                ]
+            )
+        columns = ["checkpoint", "id", "complete", "size", "in-flight", "parallelism", "inflated"]
+        self._show(escape(f"Checkpoints of {report.job_dir}"), columns, rows)
+        newest = report.newest_complete
+        self.console.print(f"newest complete checkpoint: {escape(newest.name) if newest else 'none'}", highlight=False)
+
+
+def _parallelism(parallelism: dict[str, int]) -> str:
+    """``2 (all 9 operators)``, or the most common one and the operators that differ: ``2; print=1``."""
+    if not parallelism:
+        return "-"
+    values = list(parallelism.values())
+    common = max(set(values), key=values.count)
+    others = [f"{name}={n}" for name, n in parallelism.items() if n != common]
+    if not others:
+        return f"{common} (all {len(values)} operators)"
+    return f"{common}; " + ", ".join(others)
 
 
 def rescale_footer(report: RescaleReport) -> str:

@@ -23,25 +23,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
+from ckpt_tool.storage import STORAGE_ENVIRONMENT
 
 Progress = Optional[Callable[[int, int], None]]
 LOCAL_LIMIT_BYTES = 8 * 1024**3  # "auto" runs more in-flight data than this on Spark
 POOL_MIN_BYTES = 32 * 1024**2  # in-process with one worker per core above this; below, forking costs more
 
-# What executors need to reach S3 with boto3 as the driver does (no Hadoop S3 jars involved).
-S3_ENVIRONMENT = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "CKPT_S3_ENDPOINT",
-)
+# What executors need to reach the object stores as the driver does (no Hadoop jars involved).
+S3_ENVIRONMENT = STORAGE_ENVIRONMENT
 
 
 class EngineError(CkptError):
@@ -155,7 +144,8 @@ ATTEMPT_POLL_SECONDS = 0.05
 
 
 def executor_environment() -> dict[str, str]:
-    """``spark.executorEnv.*`` settings carrying the driver's S3 credentials and endpoint."""
+    """``spark.executorEnv.*`` settings carrying the driver's object store credentials, endpoints and
+    timeouts (a credentials file a variable names must be at the same path on the executors)."""
     return {f"spark.executorEnv.{k}": os.environ[k] for k in S3_ENVIRONMENT if os.environ.get(k)}
 
 

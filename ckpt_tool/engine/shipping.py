@@ -5,7 +5,8 @@ Executors need only Python and Spark. For a cluster master (``spark://``, ``yarn
 the driver packs what its tasks import into one zip, the *executor bundle*: the ``ckpt_tool``
 package as this process runs it (with its compiled record-path module, ``_framing``, built for
 this platform) and the installed distributions of its task-side dependencies (NumPy, xxhash,
-boto3 and theirs, fastavro, cloudpickle; pyarrow when a command writes Parquet on the executors).
+fastavro, cloudpickle, the object stores' clients boto3, google-cloud-storage, azure-storage-blob and
+azure-identity, and theirs; pyarrow when a command writes Parquet on the executors).
 Spark ships it as ``spark.archives`` (``<bundle>#ckpt_executor``): every executor unpacks it into
 its working directory, where its Python workers find it first on ``PYTHONPATH``. Bundles are
 cached by content under ``$CKPT_CACHE`` (default ``~/.cache/ckpt``)/``executor-bundles``.
@@ -42,7 +43,10 @@ from typing import Optional
 from ckpt_tool.errors import CkptError
 
 # The distributions the executors' tasks import (and what those require), by distribution name.
-EXECUTOR_PACKAGES = ("numpy", "xxhash", "boto3", "fastavro", "cloudpickle")
+EXECUTOR_PACKAGES = (
+    *("numpy", "xxhash", "fastavro", "cloudpickle"),
+    *("boto3", "google-cloud-storage", "azure-storage-blob", "azure-identity"),  # the object stores' clients
+)
 NOT_SHIPPED = {"pyspark", "py4j"}  # the executors' own Spark provides these
 ARCHIVE_NAME = "ckpt_executor"  # the directory each executor unpacks the bundle into
 SHIP = "spark.ckpt.ship"  # false: ship nothing (the executors have ckpt already)

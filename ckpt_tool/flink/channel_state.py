@@ -31,8 +31,7 @@ import xxhash
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
 from ckpt_tool.records.framing import framing as _framing
-from ckpt_tool.storage import FileIO, io_for
-from ckpt_tool.storage.base import is_s3
+from ckpt_tool.storage import FileIO, io_for, is_local
 
 if TYPE_CHECKING:
     from ckpt_tool.flink.checkpoint import Checkpoint
@@ -63,7 +62,7 @@ class BufferSource:
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
         location = checkpoint.location(delegate)
-        beneath = None if location is None or is_s3(location) else checkpoint.job_dir
+        beneath = None if location is None or not is_local(location) else checkpoint.job_dir
         return BufferSource(location, inline, segment, list(handle.offsets), beneath)
 
     @property
@@ -139,7 +138,7 @@ class ChannelStateReader:
             data, offsets = memoryview(source.inline), source.offsets
         elif location is None:
             raise CheckpointFormatError("a channel handle has neither a file nor inline data")
-        elif is_s3(location) and not source.segment:
+        elif not is_local(location) and not source.segment:
             span, offsets = self._ranged_span(location, source)
             data = memoryview(span)
         else:

@@ -6,9 +6,11 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.changelog import COMPRESSED, changelog_files
+from ckpt_tool.flink.job_dir import newest_complete
 from ckpt_tool.flink.metadata import iter_stream_handles, map_stream_handles, read_metadata
 from ckpt_tool.flink.model import (
     ByteStreamHandle,
@@ -18,8 +20,7 @@ from ckpt_tool.flink.model import (
     RelativeFileHandle,
     SegmentFileHandle,
 )
-from ckpt_tool.storage import FileIO, io_for, join, normalize_uri, parent
-from ckpt_tool.storage.base import is_s3, within
+from ckpt_tool.storage import FileIO, io_for, is_local, join, normalize_uri, parent, within
 
 METADATA_FILE = "_metadata"
 # The most ckpt reads of a _metadata file (its size from the open file, before reading): Flink's
@@ -78,21 +79,28 @@ class Checkpoint:
     metadata: CheckpointMetadata
     paths: PathMapping
     _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
+    chosen_from: Optional[str] = None  # the job directory it was chosen from, when it was given one
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
-        """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata."""
+        """Open a checkpoint directory (or its ``_metadata`` file) and parse the metadata. A job
+        directory (``…/<job-id>/``, holding ``chk-<n>`` directories) stands for its newest
+        complete checkpoint (``chosen_from`` then names it)."""
         uri = normalize_uri(uri).rstrip("/")
         if uri.endswith("/" + METADATA_FILE):
             uri = parent(uri)
+        chosen_from = None
+        if not io_for(uri).exists(join(uri, METADATA_FILE)):
+            newest = newest_complete(io_for(uri), uri)
+            if newest is None:
+                raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
+            chosen_from, uri = uri, newest.uri
         io = io_for(uri).confined(job_directory(uri))  # every file named in the job directory is read there
         metadata_uri = join(uri, METADATA_FILE)
-        if not io.exists(metadata_uri):
-            raise StorageError(f"{uri} is not a checkpoint: it has no {METADATA_FILE} file")
         metadata = read_metadata(io.read_at_most(metadata_uri, MAX_METADATA_BYTES), source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
-        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri))
-        if not is_s3(uri):
+        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri), chosen_from=chosen_from)
+        if is_local(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint
 
@@ -194,7 +202,7 @@ class Checkpoint:
 
 def job_directory(uri: str) -> str:
     """The job directory of the checkpoint at ``uri``: its parent (absolute, where local)."""
-    return parent(uri) if is_s3(uri) else os.path.dirname(os.path.abspath(normalize_uri(uri)))
+    return parent(uri) if not is_local(uri) else os.path.dirname(os.path.abspath(normalize_uri(uri)))
 
 
 def _escapes(path: str) -> bool:

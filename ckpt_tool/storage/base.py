@@ -1,50 +1,22 @@
-"""The storage interface and URI helpers."""
+"""The storage interface. Implementations import it; it imports none of them (``io_for`` in
+the package chooses one by scheme)."""
 
 from __future__ import annotations
 
-import posixpath
+import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
 from ckpt_tool.errors import StorageError
 
-S3_SCHEMES = ("s3://", "s3a://", "s3n://", "s3p://")
+# the URI helpers, where callers have found them so far
+from ckpt_tool.storage.uri import is_local, is_s3, join, normalize_uri, parent, within
 
+__all__ = ["FileIO", "is_local", "is_s3", "join", "normalize_uri", "parent", "spooled", "within"]
 
-def normalize_uri(uri: str) -> str:
-    """One spelling per location: local paths absolute-free of ``file:``; all S3 schemes as ``s3://``.
-
-    Flink writes local paths as ``file:/x`` or ``file:///x`` and S3 paths as ``s3://``, ``s3a://``
-    or ``s3p://`` depending on the plugin; they name the same objects.
-    """
-    for scheme in S3_SCHEMES:
-        if uri.startswith(scheme):
-            return "s3://" + uri[len(scheme) :]
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    elif uri.startswith("file:"):
-        uri = uri[len("file:") :]
-    return uri
-
-
-def is_s3(uri: str) -> bool:
-    return normalize_uri(uri).startswith("s3://")
-
-
-def join(base: str, *parts: str) -> str:
-    return posixpath.join(normalize_uri(base).rstrip("/") or "/", *parts)
-
-
-def within(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or lies below it (by name: no links are followed)."""
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
-def parent(uri: str) -> str:
-    uri = normalize_uri(uri).rstrip("/")
-    if is_s3(uri) and uri.count("/") <= 2:
-        return uri
-    return posixpath.dirname(uri)
+SPOOL_BYTES = 64 * 1024 * 1024  # an object being uploaded waits in memory up to this size, then on disk
 
 
 class FileIO(ABC):
@@ -66,6 +38,10 @@ class FileIO(ABC):
         """The names of the files directly in ``uri`` (nothing below its subdirectories), sorted."""
         base = normalize_uri(uri).rstrip("/") + "/"
         return sorted(u[len(base) :] for u in self.list(uri) if u.startswith(base) and "/" not in u[len(base) :])
+
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
+        """Every file below ``uri`` with its size, sorted (object stores list sizes with names)."""
+        return [(found, self.size(found)) for found in self.list(uri)]
 
     @abstractmethod
     def list(self, uri: str) -> list[str]:
@@ -107,14 +83,13 @@ class FileIO(ABC):
         """Set a file's permission bits, where the storage has them (object stores do not)."""
 
 
-def io_for(uri: str) -> FileIO:
-    """The FileIO for a URI's scheme."""
-    if is_s3(uri):
-        from ckpt_tool.storage.s3 import S3FileIO
-
-        return S3FileIO.default()
-    if "://" in normalize_uri(uri):
-        raise StorageError(f"unsupported storage scheme in {uri!r} (use a local path, file:// or s3://)")
-    from ckpt_tool.storage.local import LocalFileIO
-
-    return LocalFileIO()
+@contextmanager
+def spooled(chunks: Iterable[bytes]) -> Iterator[tuple[BinaryIO, int]]:
+    """Chunks gathered into a seekable file (an object store uploads a known size, and retries
+    from the start), with their size; large ones wait on disk."""
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
+        for chunk in chunks:
+            spool.write(chunk)
+        size = spool.tell()
+        spool.seek(0)
+        yield spool, size  # type: ignore[misc]

@@ -3,14 +3,13 @@
 Credentials come from boto3's default chain (environment, ``AWS_PROFILE``, config files, instance
 roles); ``AWS_ENDPOINT_URL`` (or ``CKPT_S3_ENDPOINT``) points at S3-compatible stores. Reads of
 buffers are ranged GETs; throttling and 5xx answers are retried with backoff by botocore, failed
-connections only a few times. Every failure is one named StorageError. Writes are exclusive
-creates (``If-None-Match: *``), also for multipart uploads.
+or silent connections only a few times (``patience``: about 30 s for a stalled endpoint). Every
+failure is one named StorageError. Writes are exclusive creates (``If-None-Match: *``), also for multipart uploads.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,12 +17,11 @@ from contextlib import contextmanager, suppress
 from functools import lru_cache
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
-from ckpt_tool.storage.base import FileIO, normalize_uri
+from ckpt_tool.storage.base import FileIO, spooled
+from ckpt_tool.storage.patience import Patience
+from ckpt_tool.storage.uri import split_bucket_uri
 
-RETRY_CONFIG = {"max_attempts": 10, "mode": "standard"}
-CONNECT_TIMEOUT = 3  # seconds per connection attempt
-CONNECT_ATTEMPTS = 3  # an endpoint that cannot be reached fails within seconds, not minutes
-SPOOL_BYTES = 64 * 1024 * 1024
+RETRY_CONFIG = {"max_attempts": 10, "mode": "standard"}  # throttling and 5xx answers
 MULTIPART_BYTES = 8 * 1024 * 1024  # objects this large are uploaded in parts (boto3's threshold)
 MAX_PARTS = 10_000
 PARALLEL_PARTS = 4
@@ -36,11 +34,7 @@ NO_CREDENTIALS = "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACC
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    rest = normalize_uri(uri)[len("s3://") :]
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise StorageError(f"no bucket in {uri!r}")
-    return bucket, key
+    return split_bucket_uri(uri)
 
 
 class _MissingObject(StorageError):
@@ -48,28 +42,29 @@ class _MissingObject(StorageError):
 
 
 class S3FileIO(FileIO):
-    def __init__(self, endpoint_url: str | None = None):
+    def __init__(self, endpoint_url: str | None = None, patience: Patience | None = None):
         import boto3
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError
 
-        config = Config(retries=RETRY_CONFIG, connect_timeout=CONNECT_TIMEOUT)
+        self.patience = patience = patience or Patience.from_environment()
+        config = Config(retries=RETRY_CONFIG, connect_timeout=patience.connect, read_timeout=patience.read)
         try:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=config)
         except (BotoCoreError, ValueError) as exc:
             raise StorageError(f"cannot use S3{f' at {endpoint_url}' if endpoint_url else ''}: {exc}") from exc
-        self.client.meta.events.register_first("needs-retry.s3", _stop_reconnecting)
+        self.client.meta.events.register_first("needs-retry.s3", self._stop_reconnecting)
         self._buckets: set[str] = set()  # buckets known to exist
 
     @staticmethod
     def default() -> S3FileIO:
         """One client per endpoint setting: ``--s3-endpoint`` (CKPT_S3_ENDPOINT) or boto3's own."""
-        return _client_for(os.environ.get("CKPT_S3_ENDPOINT"), os.environ.get("AWS_ENDPOINT_URL"))
+        return _client_for(os.environ.get("CKPT_S3_ENDPOINT"), os.environ.get("AWS_ENDPOINT_URL"), Patience.from_environment())
 
     @contextmanager
     def _errors(self, what: str, uri: str) -> Iterator[None]:
         """botocore's failures as one-line StorageErrors that name the cause."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ReadTimeoutError
         from botocore.exceptions import ConnectionError as BotoConnectionError
 
         try:
@@ -91,9 +86,35 @@ class S3FileIO(FileIO):
         except NoCredentialsError as exc:
             raise StorageError(f"cannot {what} {uri}: {NO_CREDENTIALS}") from exc
         except BotoConnectionError as exc:
-            raise StorageError(f"cannot reach S3 endpoint {self.client.meta.endpoint_url}: {_reason(exc)}") from exc
+            raise StorageError(f"cannot reach S3 endpoint {self.client.meta.endpoint_url}: {self._reason(exc)}") from exc
+        except ReadTimeoutError as exc:
+            raise StorageError(f"S3 endpoint {self.client.meta.endpoint_url} stalled: {self.patience.stalled()}") from exc
         except BotoCoreError as exc:
             raise StorageError(f"cannot {what} {uri}: {exc}") from exc
+
+    def _stop_reconnecting(self, attempts: int, caught_exception=None, **_) -> bool | None:
+        """botocore's retry hook: no more attempts after a few connections that failed or went
+        silent (else its own decision, None)."""
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import ReadTimeoutError
+
+        silent = isinstance(caught_exception, (BotoConnectionError, ReadTimeoutError))
+        if silent and attempts >= self.patience.attempts:
+            return False
+        return None
+
+    def _reason(self, exc: Exception) -> str:
+        """Why a connection failed, briefly: the OS's words (``Connection refused``) where there are some."""
+        from botocore.exceptions import ConnectTimeoutError
+
+        if isinstance(exc, ConnectTimeoutError):
+            return self.patience.unreachable()
+        error: BaseException | None = exc.kwargs.get("error") if hasattr(exc, "kwargs") else None
+        while error is not None:
+            if isinstance(error, OSError) and error.strerror:
+                return error.strerror
+            error = error.__cause__ or error.__context__
+        return str(exc)
 
     def _head(self, uri: str) -> dict | None:
         """The object's HEAD answer, or None if the object (but not its bucket) is missing."""
@@ -137,24 +158,23 @@ class S3FileIO(FileIO):
         """False only for a missing object in an existing bucket; other failures raise."""
         return self._head(uri) is not None
 
-    def list(self, uri: str) -> list[str]:
+    def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         bucket, prefix = split_s3_uri(uri)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
-        found: list[str] = []
+        found: list[tuple[str, int]] = []
         with self._errors("list", uri):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                found.extend(f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", []))
+                found.extend((f"s3://{bucket}/{item['Key']}", int(item.get("Size", 0))) for item in page.get("Contents", []))
         return sorted(found)
+
+    def list(self, uri: str) -> list[str]:
+        return [found for found, _ in self.list_sizes(uri)]
 
     def write_stream(self, uri: str, chunks: Iterable[bytes]) -> None:
         """Create the object only if it does not exist (``If-None-Match: *``, checked by S3 when the
         object is created, so two writers cannot both succeed)."""
         bucket, key = split_s3_uri(uri)
-        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:  # large objects wait on disk
-            for chunk in chunks:
-                spool.write(chunk)
-            size = spool.tell()
-            spool.seek(0)
+        with spooled(chunks) as (spool, size):  # large objects wait on disk
             if size < MULTIPART_BYTES:
                 with self._errors("write", uri):
                     self.client.put_object(Bucket=bucket, Key=key, Body=spool.read(), IfNoneMatch="*")
@@ -197,30 +217,6 @@ class S3FileIO(FileIO):
             self.client.delete_object(Bucket=bucket, Key=key)
 
 
-def _stop_reconnecting(attempts: int, caught_exception=None, **_) -> bool | None:
-    """botocore's retry hook: no more attempts after a few failed connections (else its
-    own decision, None)."""
-    from botocore.exceptions import ConnectionError as BotoConnectionError
-
-    if isinstance(caught_exception, BotoConnectionError) and attempts >= CONNECT_ATTEMPTS:
-        return False
-    return None
-
-
-def _reason(exc: Exception) -> str:
-    """Why a connection failed, briefly: the OS's words (``Connection refused``) where there are some."""
-    from botocore.exceptions import ConnectTimeoutError
-
-    if isinstance(exc, ConnectTimeoutError):
-        return f"connection timed out ({CONNECT_TIMEOUT} s, {CONNECT_ATTEMPTS} attempts)"
-    error: BaseException | None = exc.kwargs.get("error") if hasattr(exc, "kwargs") else None
-    while error is not None:
-        if isinstance(error, OSError) and error.strerror:
-            return error.strerror
-        error = error.__cause__ or error.__context__
-    return str(exc)
-
-
 @lru_cache(maxsize=8)
-def _client_for(endpoint: str | None, _aws_endpoint: str | None) -> S3FileIO:
-    return S3FileIO(endpoint)
+def _client_for(endpoint: str | None, _aws_endpoint: str | None, patience: Patience) -> S3FileIO:
+    return S3FileIO(endpoint, patience)

@@ -10,8 +10,7 @@ from ckpt_tool.errors import CkptError, OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
 from ckpt_tool.flink.metadata import OPERATOR_STATE, SEGMENT_OPERATOR_STATE, map_stream_handles, write_metadata
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
-from ckpt_tool.storage import io_for, join, normalize_uri, parent
-from ckpt_tool.storage.base import is_s3, within
+from ckpt_tool.storage import io_for, is_local, join, normalize_uri, parent, within
 from ckpt_tool.writer.claim import Claim, claimed, is_output_name
 
 Progress = Optional[Callable[[int, int], None]]
@@ -24,13 +23,13 @@ class DestinationError(CkptError):
 def _canonical(uri: str) -> str:
     """One spelling of a location, symlinks resolved where local, for comparing locations."""
     uri = normalize_uri(uri).rstrip("/")
-    return uri if is_s3(uri) else os.path.realpath(uri)
+    return os.path.realpath(uri) if is_local(uri) else uri
 
 
 def check_destination(dst: str, source: Optional[str] = None) -> None:
     """Refuse a destination that holds a checkpoint, is a file, or lies inside the source
     checkpoint (Flink's checkpoint cleanup would delete it with the source) or around it."""
-    if not is_s3(dst) and os.path.isfile(normalize_uri(dst)):
+    if is_local(dst) and os.path.isfile(normalize_uri(dst)):
         raise DestinationError(f"destination {dst} is a file; give a directory (it may not exist yet)")
     if source is not None:
         where, origin = _canonical(dst), _canonical(source)
@@ -51,7 +50,7 @@ def readable_mode(source: Checkpoint) -> int:
     umask = os.umask(0)
     os.umask(umask)
     mode = 0o666 & ~umask
-    if not is_s3(source.uri):
+    if is_local(source.uri):
         for path in [join(source.uri, METADATA_FILE), *source.referenced_files()]:
             try:
                 mode &= os.stat(path).st_mode

@@ -1,17 +1,18 @@
 """One writer per destination: a run claims DST before it writes anything there.
 
 The claim is a lock file, ``DST/_ckpt_lock``, created exclusively (``O_EXCL`` locally, a
-conditional put with ``If-None-Match: *`` on S3). Its first line is a JSON record of the run: pid,
-host, start time, the files directly in DST before it and the directories it created. Locally the
-run also holds an ``flock`` on it for its whole life; the kernel drops that when the process dies,
-even by ``kill -9``, so a later run can tell a dead claim from a live one and clean up after it.
+conditional create on object stores: ``If-None-Match: *`` on S3 and Azure, ``ifGenerationMatch=0``
+on Google Cloud Storage). Its first line is a JSON record of the run: pid, host, start time, the
+files directly in DST before it and the directories it created. Locally the run also holds an
+``flock`` on it for its whole life; the kernel drops that when the process dies, even by ``kill -9``,
+so a later run can tell a dead claim from a live one and clean up after it.
 
 The lock is also the run's journal: before a file is created in DST, its name (or, for the files
 Spark's attempts name, the name's prefix) is appended to the lock as a line ``file NAME`` (``prefix
 NAME``) and the lock is fsynced. Cleanup, of a failed run or by the rerun after ``kill -9``, removes
 exactly the journaled names that exist directly in DST and were not there before: never a file of
 DST's subdirectories (another run's output may be there), never anything by a scan for
-``ckpt-*``. On S3 nothing tells whether the owner is still alive: a second run is refused with the
+``ckpt-*``. On an object store nothing tells whether the owner is still alive: a second run is refused with the
 exact list of what to remove if that run is dead (the ``ckpt-*`` objects directly in DST that
 were not there before it); there the journal is kept by the run itself, for its own cleanup.
 
@@ -37,8 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ckpt_tool.errors import AlreadyExistsError, CkptError, StorageError
-from ckpt_tool.storage import FileIO, io_for, join, normalize_uri
-from ckpt_tool.storage.base import is_s3, within
+from ckpt_tool.storage import FileIO, io_for, is_local, join, normalize_uri, within
 
 LOCK_FILE = "_ckpt_lock"
 OUTPUT_PREFIX = "ckpt-"  # every data file ckpt writes is named so
@@ -49,7 +49,7 @@ _JOURNAL_LINE = re.compile(rb"(file|prefix) (ckpt-[A-Za-z0-9_-]{1,200})")
 
 
 class DestinationBusyError(CkptError):
-    """Another ckpt run holds the destination, or a dead one left it locked (S3)."""
+    """Another ckpt run holds the destination, or a dead one left it locked (object stores)."""
 
 
 @dataclass
@@ -143,12 +143,12 @@ def claimed(dst: str) -> Iterator[Claim]:
 def take_claim(dst: str) -> Claim:
     dst = normalize_uri(dst).rstrip("/")
     io = io_for(dst)
-    if is_s3(dst):
+    if not is_local(dst):  # an object store
         claim = Claim(dst, io, _files_in(io, dst))
         try:
             io.write(claim.lock_uri, _record(claim))
         except AlreadyExistsError:
-            raise _s3_busy(claim) from None
+            raise _remote_busy(claim) from None
     else:
         claim = _take_local(Claim(dst, io))
     try:
@@ -367,8 +367,8 @@ def _owner(record: Optional[dict]) -> str:
     return f"pid {pid} on {host[:100]}, since {started[:40]}"
 
 
-def _s3_busy(claim: Claim) -> DestinationBusyError:
-    """S3 cannot tell whether the owner lives: say exactly what to remove if it does not."""
+def _remote_busy(claim: Claim) -> DestinationBusyError:
+    """An object store cannot tell whether the owner lives: say exactly what to remove if it does not."""
     try:
         record = _parse_record(claim.io.read_at_most(claim.lock_uri, MAX_LOCK_BYTES).partition(b"\n")[0])
     except StorageError:
