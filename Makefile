@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup browser demo test conformance compat bench fixtures clean
+.PHONY: setup browser demo test conformance compat bench bench-peer fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,10 @@ compat: setup
 # Rescale against the I/O floor (cp -r) on generated checkpoints; see bench/run.py.
 bench: setup
 	$(BIN)/python bench/run.py
+
+# ckpt side by side with Flink 2.3's own rescale, FLIP-547 off and on (four paths); see bench/peer.py.
+bench-peer: setup
+	$(BIN)/python bench/peer.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py
