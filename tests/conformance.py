@@ -23,8 +23,11 @@ stateless_sink and partially_finished). Each cell `topology old->new`:
    FLIP-547's two options on (FLIP547 below: checkpointing during recovery, output buffers
    recovered on the downstream side), with the same exact count.
 
-Captures are shared by the cells that start from the same parallelism. The last line is
-`conformance: P passed, F failed`.
+Captures are shared by the cells that start from the same parallelism. After the table, with
+FLIP-547's column, the repeated chain (CHAIN, Conformance.chain): ckpt rescales Flink's checkpoint,
+Flink restores it with FLIP-547 on and completes a checkpoint during recovery (restored records still
+in flight), ckpt rescales that one again and Flink restores it with every id exactly once over the
+three runs. The last line is `conformance: P passed, F failed`.
 """
 
 from __future__ import annotations
