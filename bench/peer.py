@@ -77,10 +77,16 @@ def inspected(checkpoint: Path) -> tuple[int, set[str]]:
     return in_flight, files
 
 
+class RescaleRefused(Exception):
+    """`ckpt rescale` refused its input (the message is ckpt's one-line error)."""
+
+
 def rescale_seconds(source: Path, target: Path, parallelism: int) -> float:
     started = time.perf_counter()
-    subprocess.run([*CKPT, "rescale", str(source), str(target), "-p", str(parallelism), *INPUTS], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    result = subprocess.run([*CKPT, "rescale", str(source), str(target), "-p", str(parallelism), *INPUTS],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    if result.returncode:
+        raise RescaleRefused(f"ckpt rescale of {source} to {parallelism}: {result.stderr.strip()[-500:]}")
     return time.perf_counter() - started
 
 
@@ -151,12 +157,17 @@ def chain(work: Path, source: Path, parallelism: int, busy_us: int) -> dict:
     out = {}
     for name, how, flip547 in (("native", "native", False), ("flip547", "native", True), ("ckpt", "ckpt", True)):
         current = source
-        for i, target in enumerate(steps):
-            if how == "ckpt":
-                rescaled = work / f"chain-{name}-{i}-ckpt" / "job" / current.name
-                rescale_seconds(current, rescaled, target)
-                current = rescaled
-            current = flink("capture", current, target, work / f"chain-{name}-{i}", flip547, busy_us)["captured"]
+        try:
+            for i, target in enumerate(steps):
+                if how == "ckpt":
+                    rescaled = work / f"chain-{name}-{i}-ckpt" / "job" / current.name
+                    rescale_seconds(current, rescaled, target)
+                    current = rescaled
+                current = flink("capture", current, target, work / f"chain-{name}-{i}", flip547, busy_us)["captured"]
+        except RescaleRefused as refused:  # reported, and the chain's figure is nan
+            print(f"chain {name}: step {i + 1}: {refused}", flush=True)
+            out[name] = float("nan")
+            continue
         out[name] = inspected(current)[0] / first
     current = source
     for i, target in enumerate(steps):
