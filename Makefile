@@ -14,7 +14,7 @@ CKPT_TOOLS_CACHE ?= $(HOME)/.cache/ckpt-tools
 AZURITE := $(CKPT_TOOLS_CACHE)/azurite/node_modules/.bin/azurite-blob
 export CKPT_TOOLS_CACHE
 
-.PHONY: setup browser azurite demo test conformance compat bench fixtures clean
+.PHONY: setup browser azurite demo test conformance compat bench bench-peer fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -62,6 +62,10 @@ compat: setup
 # Rescale against the I/O floor (cp -r) on generated checkpoints; see bench/run.py.
 bench: setup
 	$(BIN)/python bench/run.py
+
+# ckpt side by side with Flink 2.3's own rescale, FLIP-547 off and on (four paths); see bench/peer.py.
+bench-peer: setup
+	$(BIN)/python bench/peer.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py

@@ -18,10 +18,16 @@ stateless_sink and partially_finished). Each cell `topology old->new`:
    (multiset of ids) and every record of a keyed exchange sits in its key group's subtask;
 4. restore: real Flink restores the output at `new` and runs to the end; the sink logs every id
    it receives, so the ids it had before the checkpoint (in the capture's log, before the
-   checkpoint's barrier) and the ids of the restored run must together be every id exactly once.
+   checkpoint's barrier) and the ids of the restored run must together be every id exactly once;
+5. on Flink 2.3, the column "2.3 FLIP-547": the same output of step 2 restored again, now with
+   FLIP-547's two options on (FLIP547 below: checkpointing during recovery, output buffers
+   recovered on the downstream side), with the same exact count.
 
-Captures are shared by the cells that start from the same parallelism. The last line is
-`conformance: P passed, F failed`.
+Captures are shared by the cells that start from the same parallelism. After the table, with
+FLIP-547's column, the repeated chain (CHAIN, Conformance.chain): ckpt rescales Flink's checkpoint,
+Flink restores it with FLIP-547 on and completes a checkpoint during recovery (restored records still
+in flight), ckpt rescales that one again and Flink restores it with every id exactly once over the
+three runs. The last line is `conformance: P passed, F failed`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,20 @@ import flink_env  # noqa: E402
 
 CKPT = Path(sys.executable).parent / "ckpt"  # the console script pip installed
 VERSIONS = ("2.3.0", "1.20.3")
+# FLIP-547 (Flink 2.3.0, both off by default), as CheckpointingOptions in the 2.3.0 jar spells them:
+# the release notes say `execution.checkpointing.unaligned.during-recovery.enabled`, which Flink
+# 2.3.0 does not know (an unknown key is ignored). Checkpointing during recovery needs both on
+# (CheckpointingOptions#isCheckpointingDuringRecoveryEnabled).
+FLIP547 = {
+    "execution.checkpointing.unaligned.recover-output-on-downstream.enabled": "true",
+    "execution.checkpointing.during-recovery.enabled": "true",
+}
+FLIP547_VERSION = "2.3.0"  # the first release with FLIP-547
+FLIP547_COLUMN = "2.3 FLIP-547"
+RECOVERY_SLOWDOWN = 50  # the chain's restore under FLIP-547: a sink this much slower, so recovery takes seconds
+# The repeated chain (Conformance.chain): topology, parallelism of Flink's checkpoint, after ckpt's
+# first rescale, after its second.
+CHAIN = ("union", 2, 3, 2)
 RECORDS = 200_000  # ids 0..RECORDS-1, each through the job exactly once
 SINK_BUSY_US = 20  # the sink's time per record: it backpressures the whole job
 GRID: dict[str, list[tuple[int, int]]] = {
@@ -94,6 +114,7 @@ class Conformance:
     version: str
     work: Path
     captures: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)  # cell directory -> ckpt's checked output, or its failure
 
     def java(self, main: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return flink_env.run_java(self.version, main, list(args), timeout=timeout)
@@ -145,13 +166,35 @@ class Conformance:
         graph = json.loads((cell / "new" / "plan" / "graph.json").read_text())
         return {op["id"]: v["parallelism"] for v in graph["vertices"] for op in v["operators"]}
 
-    def cell(self, topology: str, old: int, new: int, source: Capture | None = None, name: str = "") -> None:
-        """One cell; ``source`` replaces the captured checkpoint (a checkpoint derived from it)."""
+    def cell(
+        self, topology: str, old: int, new: int, source: Capture | None = None, name: str = "", flip547: bool = False
+    ) -> None:
+        """One cell; ``source`` replaces the captured checkpoint (a checkpoint derived from it);
+        ``flip547``: Flink restores with FLIP-547's options on (the rescaled output is shared with
+        the cell without them)."""
         source = source or self.capture(topology, old)
         cell = self.work / f"{topology}-{old}-{new}{name}"
+        destination = self.rescaled(topology, old, new, source, cell)
+        self.restore(topology, new, destination, cell / ("flip547" if flip547 else "plain"), [source], flip547)
+
+    def rescaled(self, topology: str, old: int, new: int, source: Capture, cell: Path, require_in_flight: bool = True) -> Path:
+        """ckpt's rescale of ``source`` to ``new``, checked by Flink's classes (once per cell);
+        ``require_in_flight``: every exchange whose parallelism changes must hold in-flight data."""
+        if cell not in self.outputs:
+            try:
+                self.outputs[cell] = self._rescale(topology, old, new, source, cell, require_in_flight)
+            except CellFailure as failure:
+                self.outputs[cell] = failure
+        found = self.outputs[cell]
+        if isinstance(found, CellFailure):
+            raise found
+        return found
+
+    def _rescale(self, topology: str, old: int, new: int, source: Capture, cell: Path, require_in_flight: bool) -> Path:
         after = self.new_parallelism(topology, new, cell)
         before = {op["id"]: v["parallelism"] for v in source.graph["vertices"] for op in v["operators"]}
-        check_in_flight(source, before, after)
+        if require_in_flight:
+            check_in_flight(source, before, after)
         if topology == "partially_finished" and old > 1:
             source_id = next(v["operators"][0]["id"] for v in source.graph["vertices"] if not v["inputs"])
             if source.reading["operators"][source_id]["finished"] != "partial":
@@ -159,10 +202,62 @@ class Conformance:
         destination = cell / "out" / source.checkpoint.parent.name / source.checkpoint.name
         rescale(source, destination, old, new, before, after, cell)
         check_records(source.reading, self.read(destination, source.plan.parent / "graph.json"))
-        restored = self.job("restore", topology, new, cell, f"restore={destination}")
+        return destination
+
+    def restore(
+        self, topology: str, parallelism: int, checkpoint: Path, where: Path, earlier: list[Capture], flip547: bool = False
+    ) -> None:
+        """Flink restores ``checkpoint`` and runs to the end; with the ids the sink had before each
+        checkpoint of ``earlier`` (the chain of captures that led to it) every id exactly once."""
+        conf = [f"-D{k}={v}" for k, v in FLIP547.items()] if flip547 else []
+        restored = self.job("restore", topology, parallelism, where, f"restore={checkpoint}", *conf)
         if restored.returncode:
             raise CellFailure("restore", (restored.stderr.strip() or "failed").splitlines()[-1][:300])
-        check_exactly_once(source, cell / "logs")
+        check_exactly_once(earlier, where / "logs")
+
+    def recovering_capture(self, topology: str, parallelism: int, checkpoint: Path, where: Path) -> Capture:
+        """Flink restores ``checkpoint`` at ``parallelism`` with FLIP-547 on and a sink
+        ``RECOVERY_SLOWDOWN`` times slower, and keeps (RETAIN_ON_CANCELLATION) the first checkpoint
+        it completes after the restore, while the restored in-flight records are still being processed."""
+        restored_id = int(checkpoint.name.split("-")[1])
+        result = self.job(
+            "capture",
+            topology,
+            parallelism,
+            where,
+            f"restore={checkpoint}",
+            f"target-checkpoint={restored_id + 1}",
+            f"busy-us={SINK_BUSY_US * RECOVERY_SLOWDOWN}",
+            *[f"-D{k}={v}" for k, v in FLIP547.items()],
+        )
+        if result.returncode or "CAPTURED " not in result.stdout:
+            raise CellFailure("capture during recovery", (result.stderr.strip() or "no checkpoint").splitlines()[-1][:300])
+        taken = Path(result.stdout.split("CAPTURED ")[1].split()[0])
+        graph = json.loads((where / "plan" / "graph.json").read_text())
+        reading = self.read(taken, where / "plan" / "graph.json")
+        return Capture(taken, graph, where / "plan" / "plan.json", where / "logs" / "capture-sink-0.log", reading)
+
+    def chain(self, topology: str, first: int, second: int, third: int, flip547: bool = True) -> dict:
+        """The repeated chain: ckpt rescales Flink's checkpoint ``first -> second``; Flink restores
+        it with FLIP-547 on and completes a checkpoint during recovery; ckpt rescales that one
+        ``second -> third``; Flink restores it (``flip547``: with FLIP-547 on) with every id
+        exactly once over the three runs. Returns what the checkpoint taken during recovery holds."""
+        source = self.capture(topology, first)
+        base = self.work / f"chain-{topology}-{first}-{second}-{third}"
+        rescaled = self.rescaled(topology, first, second, source, base / "one", require_in_flight=False)
+        middle = self.recovering_capture(topology, second, rescaled, base / "recovering")
+        restored = in_flight_ids(self.read(rescaled, source.plan.parent / "graph.json"))
+        still = restored & in_flight_ids(middle.reading)
+        if not still:
+            raise CellFailure("capture during recovery", "no restored in-flight record is in flight in the new checkpoint")
+        again = self.rescaled(topology, second, third, middle, base / "two", require_in_flight=False)
+        self.restore(topology, third, again, base / ("flip547" if flip547 else "plain"), [source, middle], flip547)
+        return {
+            "restored_in_flight": len(restored),
+            "still_in_flight": len(still),
+            "in_flight": len(in_flight_ids(middle.reading)),
+            "checkpoint": middle.checkpoint,
+        }
 
 
 ALIGNED_ONLY = ("BROADCAST", "FORWARD", "RESCALE")
@@ -267,9 +362,15 @@ def sink_ids(log: Path, until_barrier: int | None = None) -> list[int]:
     return ids
 
 
-def check_exactly_once(source: Capture, logs: Path) -> None:
-    """The sink's ids before the checkpoint and the restored run's ids: every id exactly once."""
-    earlier = sink_ids(source.log, source.checkpoint_id)
+def in_flight_ids(reading: dict) -> set[int]:
+    """The ids of every record in flight on some exchange (Flink's reader, ConformanceReader)."""
+    return {i for exchange in reading["exchanges"] for i in exchange["records"]}
+
+
+def check_exactly_once(sources: list[Capture], logs: Path) -> None:
+    """The sink's ids before each checkpoint of ``sources`` (a chain: each capture restored from
+    the one before) and the restored run's ids: every id exactly once."""
+    earlier = [i for source in sources for i in sink_ids(source.log, source.checkpoint_id)]
     restored_log = logs / "restore-sink-0.log"
     if not restored_log.exists() or not restored_log.read_text().rstrip().endswith("END"):
         raise CellFailure("restore", "the restored job did not run to the end")
@@ -281,24 +382,35 @@ def check_exactly_once(source: Capture, logs: Path) -> None:
         raise CellFailure("restore", f"{lost} records lost, {duplicates} duplicated ({len(earlier)} + {len(later)} seen)")
 
 
-def run(cells: list[tuple[str, int, int]], versions: list[str]) -> dict:
+def columns(versions: list[str], flip547: bool) -> list[str]:
+    """The table's columns: one per version, and "2.3 FLIP-547" after 2.3.0's."""
+    out = []
+    for version in versions:
+        out.append(version)
+        if flip547 and version == FLIP547_VERSION:
+            out.append(FLIP547_COLUMN)
+    return out
+
+
+def run(cells: list[tuple[str, int, int]], versions: list[str], flip547: bool = True) -> dict:
     results: dict = {}
     for version in versions:
         with tempfile.TemporaryDirectory(prefix=f"ckpt-conformance-{version}-") as tmp:
             conformance = Conformance(version, Path(tmp))
             for topology, old, new in cells:
-                started = time.perf_counter()
-                try:
-                    conformance.cell(topology, old, new)
-                    outcome = "pass"
-                except CellFailure as failure:
-                    outcome = f"FAIL ({failure})"
-                results[(topology, old, new, version)] = outcome
-                print(
-                    f"  {version} {topology} {old}->{new}: {outcome} ({time.perf_counter() - started:.0f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for column in columns([version], flip547):
+                    started = time.perf_counter()
+                    try:
+                        conformance.cell(topology, old, new, flip547=column == FLIP547_COLUMN)
+                        outcome = "pass"
+                    except CellFailure as failure:
+                        outcome = f"FAIL ({failure})"
+                    results[(topology, old, new, column)] = outcome
+                    print(
+                        f"  {column} {topology} {old}->{new}: {outcome} ({time.perf_counter() - started:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return results
 
 
@@ -307,6 +419,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
     parser.add_argument("--topologies", nargs="+", default=list(GRID))
     parser.add_argument("--ci", action="store_true", help="only the cells CI runs")
+    parser.add_argument("--no-flip547", action="store_true", help="without the column " + FLIP547_COLUMN)
     args = parser.parse_args(argv)
     cells = (
         [c for c in CI_CELLS if c[0] in args.topologies]
@@ -314,12 +427,28 @@ def main(argv: list[str]) -> int:
         else [(t, old, new) for t in args.topologies for old, new in GRID[t]]
     )
     started = time.perf_counter()
-    results = run(cells, args.versions)
-    print("| topology | old -> new | " + " | ".join(f"Flink {v}" for v in args.versions) + " |")
-    print("|---|---|" + "---|" * len(args.versions))
+    results = run(cells, args.versions, not args.no_flip547)
+    shown = columns(args.versions, not args.no_flip547)
+    print("| topology | old -> new | " + " | ".join(c if c == FLIP547_COLUMN else f"Flink {c}" for c in shown) + " |")
+    print("|---|---|" + "---|" * len(shown))
     for topology, old, new in cells:
-        row = [results[(topology, old, new, v)] for v in args.versions]
+        row = [results[(topology, old, new, c)] for c in shown]
         print(f"| {topology} | {old} -> {new} | " + " | ".join(row) + " |")
+    if not args.no_flip547 and FLIP547_VERSION in args.versions:
+        topology, first, second, third = CHAIN
+        started_chain = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="ckpt-conformance-chain-") as tmp:
+            try:
+                held = Conformance(FLIP547_VERSION, Path(tmp)).chain(topology, first, second, third)
+                outcome = "pass"
+                note = f"{held['still_in_flight']} of {held['restored_in_flight']} restored in-flight records still in flight"
+            except CellFailure as failure:
+                outcome, note = f"FAIL ({failure})", ""
+        results[("chain", first, second, third)] = outcome
+        print(
+            f"chain {topology} {first} -> {second} -> {third} (ckpt, Flink {FLIP547_VERSION} with FLIP-547 checkpoints "
+            f"during recovery, ckpt, Flink restores): {outcome}; {note} ({time.perf_counter() - started_chain:.0f} s)"
+        )
     passed = sum(r == "pass" for r in results.values())
     print(f"conformance: {passed} passed, {len(results) - passed} failed ({time.perf_counter() - started:.0f} s)")
     return 0 if passed == len(results) else 1

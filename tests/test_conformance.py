@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conformance import CI_CELLS, CellFailure, Conformance
+from conformance import CI_CELLS, FLIP547_VERSION, CellFailure, Conformance
 
 pytestmark = pytest.mark.flink
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.flink
 @pytest.fixture(scope="module")
 def conformance():
     with tempfile.TemporaryDirectory(prefix="ckpt-conformance-") as tmp:
-        yield Conformance("2.3.0", Path(tmp))
+        yield Conformance(FLIP547_VERSION, Path(tmp))
 
 
 @pytest.mark.parametrize("topology, old, new", CI_CELLS, ids=[f"{t}-{o}-{n}" for t, o, n in CI_CELLS])
@@ -23,6 +23,17 @@ def test_cell(conformance, topology, old, new):
     classes find every record where it belongs, and Flink restores it with every record exactly once."""
     try:
         conformance.cell(topology, old, new)
+    except CellFailure as failure:
+        pytest.fail(str(failure))
+
+
+@pytest.mark.parametrize("topology, old, new", CI_CELLS, ids=[f"{t}-{o}-{n}" for t, o, n in CI_CELLS])
+def test_cell_flip547(conformance, topology, old, new):
+    """The column "2.3 FLIP-547": ckpt's output of the same cell (shared with test_cell) restored
+    by Flink 2.3 with checkpointing during recovery and output recovered on the downstream side,
+    with every record exactly once."""
+    try:
+        conformance.cell(topology, old, new, flip547=True)
     except CellFailure as failure:
         pytest.fail(str(failure))
 
@@ -88,3 +99,16 @@ def test_stateless_sink_without_subtask_state(conformance):
     moved = Capture(derived, source.graph, source.plan, source.log, reading)
     conformance.cell("stateless_sink", 3, 3, moved, "-derived")  # Flink itself restores it exactly
     conformance.cell("stateless_sink", 3, 5, moved, "-derived")
+
+
+def test_chain_through_a_checkpoint_taken_during_recovery(conformance):
+    """ckpt rescales 2 -> 3; Flink 2.3 restores that with FLIP-547 on and completes a checkpoint
+    while restored in-flight records are still in flight; ckpt rescales that checkpoint 3 -> 2;
+    Flink restores it with FLIP-547 on: every id exactly once over the three runs."""
+    from conformance import CHAIN
+
+    try:
+        held = conformance.chain(*CHAIN)
+    except CellFailure as failure:
+        pytest.fail(str(failure))
+    assert 0 < held["still_in_flight"] <= held["restored_in_flight"]
