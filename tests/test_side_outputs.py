@@ -91,6 +91,15 @@ def test_plan_alone_pairs_the_partitions_from_the_bytes(ckpt, tmp_path):
     assert f"so-split: {PAIRING}, the one pairing the bytes fit" in err
     # the keyed exchanges still need their record type and key: refused, not guessed
     assert code == 2 and "is keyed but --schema gives no record type and key" in err
+    # the skeleton states the pairing the bytes fit
+    code, out, err = ckpt("schema", str(SIDEOUT.checkpoint), "--plan", SIDEOUT.plan)
+    assert code == 0 and f"so-split: {PAIRING}, the one pairing the bytes fit" in err
+    stated = [block for block in out.split("[[exchange]]") if 'upstream = "so-split"' in block]
+    assert [("gate = 1" in b, "so-side-filter" in b, f"partition = {i}" in b) for i, b in enumerate(stated)] == [
+        (False, False, True),
+        (True, False, True),
+        (False, True, True),
+    ]
 
 
 @pytest.mark.flink
