@@ -47,6 +47,8 @@ CHAINED = (
     "Cannot recover from unaligned checkpoint when topology changes, such that data exchanges with persisted data are "
     "now chained."
 )
+# A changed id that holds only if the operator has no uid, which metadata before v5 cannot tell.
+MAY_HAVE = "may have "
 NOT_MAPPED = (
     "Cannot map checkpoint/savepoint state for operator {id} to the new program, because the operator is not available "
     "in the new program."
@@ -212,13 +214,17 @@ def changed_ids(
         op = ops.get(op_id)
         return op is not None and _has_uid(op, names.get(op_id, []), metadata) is not True
 
+    def maybe(op_id: str) -> str:
+        """ "may have " where the metadata cannot tell whether the operator has a uid (before 2.0)."""
+        return "" if _has_uid(ops[op_id], names.get(op_id, []), metadata) is False else MAY_HAVE
+
     def spread(vertex_id: str, start: int, why: str) -> None:
         """From member ``start`` of the chain on, every uid-less operator's id changes with its input's."""
         vertex = vertices[vertex_id]
         for op_id in vertex.members[start:]:
             if not uidless(op_id) or op_id in changed:
                 return
-            changed[op_id] = why
+            changed[op_id] = maybe(op_id) + why
         if len(vertex.members) > 1 and vertex.tail not in vertex.members[start:]:
             return  # the chain's middle is not known: the change cannot be followed further
         for consumer in consumers.get(vertex_id, []):
@@ -229,8 +235,7 @@ def changed_ids(
         pair = f"{source.label} and {vertices[link.downstream].label} are chained"
         tail = source.tail
         if tail and uidless(tail):
-            certainty = "" if _has_uid(ops[tail], names.get(tail, []), metadata) is False else "may have "
-            why = f"{certainty}no uid: Flink hashes its id from its place in the job graph, which changes when {pair}"
+            why = f"{maybe(tail)}no uid: Flink hashes its id from its place in the job graph, which changes when {pair}"
             changed.setdefault(tail, why)
             for consumer in consumers.get(link.upstream, []):
                 spread(consumer, 0, f"no uid, and its input's id changes ({pair})")
@@ -318,19 +323,22 @@ def check_topology(
     after = StateAfter(metadata, plan, records_of)
     ops = {op.id_hex: op for op in metadata.operators}
     problems: list[str] = []
+    if_uidless: list[str] = []  # reasons that hold only if an operator has no uid (metadata before v5)
     drop: set[str] = set()
     for op in metadata.operators:  # in Flink's order: the metadata's
         why = graph.changed_ids.get(op.id_hex)
         if why is None or not after.holds_any(op):
             continue
         op_id = op.id_hex
-        problems.append(f"{NOT_MAPPED.format(id=op_id)} ({op.label} {why})")
+        (if_uidless if why.startswith(MAY_HAVE) else problems).append(f"{NOT_MAPPED.format(id=op_id)} ({op.label} {why})")
         if not _other_state(op):
             drop.update(_exchanges_of(after, op))
         else:
             drop.add("")  # keyed or operator state: dropping in-flight data does not help
     for chain in graph.chains():
         problems += _chain_problems(graph, chain, ops, after, drop)
+    # the reasons that are certain first: Flink gives the first it finds, which a guess must not displace
+    problems += if_uidless
     if not problems:
         return graph
     uncertain = [link for link in graph.links if not link.certain]

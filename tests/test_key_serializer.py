@@ -12,6 +12,7 @@ from ckpt_tool.flink.key_serializer import key_serializer, schema_key_family
 
 EXPECTED = {
     "tuple": "long",
+    "sideout": "long",
     "pojo": "string",
     "javatime": "local_date",
     "sql": "binary_row<string>",

@@ -24,7 +24,13 @@ def test_rows_equal_flinks_records(inflight, tmp_path):
     assert report.records == len(rows) > 0
     got = defaultdict(list)
     for row in rows:
-        channel = (row["upstream_operator"], row["downstream_operator"], row["upstream_subtask"], row["downstream_subtask"])
+        channel = (
+            row["upstream_operator"],
+            row["downstream_operator"],
+            row["gate"],
+            row["upstream_subtask"],
+            row["downstream_subtask"],
+        )
         header = 1 + (8 if row["timestamp"] is not None else 0)
         got[channel].append(
             (
@@ -46,7 +52,7 @@ def test_rows_equal_flinks_records(inflight, tmp_path):
                 if e["kind"] == "record"
             ]
             if records:
-                want[(c["upstream"], c["downstream"], c["upstream_subtask"], c["downstream_subtask"])] = records
+                want[(c["upstream"], c["downstream"], c.get("gate", 0), c["upstream_subtask"], c["downstream_subtask"])] = records
     described = {(e.upstream_id, e.downstream_id) for e in session.described_exchanges}
     assert {k: v for k, v in want.items() if k[:2] in described} == dict(got)
 

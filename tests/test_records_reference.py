@@ -25,7 +25,7 @@ def test_every_record_matches_flink(inflight):
     fixture = inflight
     checkpoint = Checkpoint.open(str(fixture.checkpoint))
     expected = {
-        (c["upstream"], c["downstream"], c["upstream_subtask"], c["downstream_subtask"]): c["elements"]
+        (c["upstream"], c["downstream"], c.get("gate", 0), c["upstream_subtask"], c["downstream_subtask"]): c["elements"]
         for c in fixture.expected["logical_channels"]
         if "elements" in c
     }
@@ -34,7 +34,8 @@ def test_every_record_matches_flink(inflight):
     exchanges = exchanges_of(fixture, checkpoint)
     for task in channel_tasks(checkpoint, exchanges):
         exchange = exchanges[task.exchange_index]
-        want = expected[(exchange.upstream_id, exchange.downstream_id, task.upstream_subtask, task.downstream_subtask)]
+        channel = (exchange.upstream_id, exchange.downstream_id, exchange.gate, task.upstream_subtask, task.downstream_subtask)
+        want = expected[channel]
         with ChannelStateReader() as reader:
             records = read_channel(reader, task)
         assert len(records.tags) == len(want)

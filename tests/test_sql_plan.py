@@ -17,6 +17,9 @@ from ckpt_tool.records.sql_plan import SqlPlanError, sql_plan_exchanges
 
 FIXTURE = next(f for f in ALL_FIXTURES if f.name == "flink23-sqltypes-p2")
 PLAN = FIXTURE.directory / "compiled-plan.json"
+# The same INSERT compiled by real Flink 2.3 in a fresh TableEnvironment after other statements
+# (fixtures/java/CompileElsewhere.java): node ids 9..13 where the job's are 1..5.
+ELSEWHERE = FIXTURE.directory / "compiled-elsewhere.json"
 
 
 def test_exchanges_from_the_compiled_plan():
@@ -105,17 +108,32 @@ def test_unreadable_compiled_plan(tmp_path):
 @pytest.mark.flink
 def test_the_compiled_plan_alone_rescales_and_flink_restores_it(ckpt, tmp_path):
     """No --plan, no --schema: every exchange (the rebalance into the p=1 sink too) comes from the
-    compiled plan; Flink 2.3 restores the rescaled checkpoint with the exact count."""
+    compiled plan, the job's own or the one compiled in another TableEnvironment (the same
+    rescale); Flink 2.3 restores the rescaled checkpoint with the exact count."""
     import flink_env
 
-    destination = tmp_path / "out" / "job" / FIXTURE.checkpoint.name
-    code, out, err = ckpt(
-        "rescale", str(FIXTURE.checkpoint), str(destination), "-p", "3", "--sql-plan", str(PLAN), "--engine", "local", "--json"
-    )
-    assert code == 0, err
-    report = json.loads(out)
+    reports = []
+    for plan in (PLAN, ELSEWHERE):
+        destination = tmp_path / plan.stem / "job" / FIXTURE.checkpoint.name
+        code, out, err = ckpt(
+            "rescale",
+            str(FIXTURE.checkpoint),
+            str(destination),
+            "-p",
+            "3",
+            "--sql-plan",
+            str(plan),
+            "--engine",
+            "local",
+            "--json",
+        )
+        assert code == 0, err
+        assert ("matched by the structure of its nodes" in err) == (plan == ELSEWHERE)
+        reports.append(json.loads(out))
+    report = reports[-1]
     assert report["records_out"] == report["records_in"] > 0
     assert {e["partitioner"] for e in report["exchanges"]} == {"HASH", "REBALANCE"}
+    assert reports[0]["exchanges"] == report["exchanges"]
     info = FIXTURE.info
     assert flink_env.restore_count(info["flink_version"], destination, 3, job="sqltypes", n=info["n"]) == info["source_records"]
 
@@ -149,3 +167,17 @@ def test_a_plan_compiled_in_another_table_environment_is_matched_by_structure(ck
     other = next(f for f in ALL_FIXTURES if f.name == "flink23-sql-p2")
     code, _, err = ckpt("inspect", str(other.checkpoint), "--sql-plan", elsewhere, "--engine", "local")
     assert code == 2 and "does not fit this checkpoint" in err
+
+
+def test_a_plan_compiled_by_flink_in_another_table_environment(ckpt):
+    """Not shifted by hand: Flink 2.3 numbered the nodes of the same INSERT 9..13 in a fresh
+    TableEnvironment that had planned other statements first."""
+    assert [n["id"] for n in json.loads(ELSEWHERE.read_text())["nodes"]] == [9, 10, 11, 12, 13]
+    metadata = Checkpoint.open(str(FIXTURE.checkpoint)).metadata
+    notes: list[str] = []
+    assert sql_plan_exchanges(str(ELSEWHERE), metadata, notes) == sql_plan_exchanges(str(PLAN), metadata)
+    assert len(notes) == 1 and "node ids differ from the job's by -8" in notes[0]
+    assert "(plan node -> the job's: 10 -> 2, 11 -> 3, 12 -> 4, 13 -> 5)" in notes[0]
+    code, out, err = ckpt("schema", str(FIXTURE.checkpoint), "--sql-plan", str(ELSEWHERE))
+    assert code == 0 and "matched by the structure of its nodes" in err, err
+    assert 'key = ["user_name", "region", "bucket"]' in out and 'upstream = "5_constraint-validator"' in out

@@ -264,9 +264,12 @@ def sql_plan_exchanges(path: str, metadata: CheckpointMetadata, notes: Optional[
             shift, exchanges = fitting[0]
             unmatched = []
             if notes is not None:
+                nodes = sorted({n for sql in sqls for n in (sql.upstream_node, sql.node, sql.downstream_node)})
                 notes.append(
                     f"compiled plan {path}: its node ids differ from the job's by {shift:+d} (compiled in another "
-                    "TableEnvironment); matched by the structure of its nodes"
+                    "TableEnvironment); matched by the structure of its nodes (plan node -> the job's: "
+                    + ", ".join(f"{n} -> {n + shift}" for n in nodes)
+                    + ")"
                 )
     if unmatched:
         raise SqlPlanError(
