@@ -172,12 +172,17 @@ def test_a_failing_run_leaves_a_nested_checkpoint_alone(tmp_path, large, dying, 
     files, lock and the directory it made, and nothing of B."""
     a_dst, b_dst = tmp_path / dying, tmp_path / finishing
     a = start_and_catch_writing(large, a_dst, lambda run: os.killpg(run.pid, signal.SIGSTOP))
-    b = rescale_base(b_dst)
-    assert b.returncode == 0, b.stderr
-    b_files = files_in(b_dst)
-    os.kill(a.pid, signal.SIGINT)  # pending until the run goes on
-    os.killpg(a.pid, signal.SIGCONT)
-    _, err = a.communicate(timeout=300)
+    try:
+        b = rescale_base(b_dst)
+        assert b.returncode == 0, b.stderr
+        b_files = files_in(b_dst)
+        os.kill(a.pid, signal.SIGINT)  # pending until the run goes on
+        os.killpg(a.pid, signal.SIGCONT)
+        _, err = a.communicate(timeout=300)
+    finally:  # a stopped run A is never left behind, whatever failed above
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+            a.communicate()
     assert a.returncode == 1 and err.strip() == "ckpt: aborted", err
     assert files_in(b_dst) == b_files and verify(b_dst, INPUTS) == 0
     if dying == "out":  # A's destination holds B's directory and nothing else
