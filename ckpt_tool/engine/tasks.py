@@ -5,6 +5,9 @@ needs neither the metadata nor the driver. Its function reads through the one ch
 reader, computes with the records layer, writes through the one channel-state writer, and
 returns small figures.
 
+Engines run these in batches of a bounded byte budget (``Engine.map`` with sizes), so that the
+number of engine tasks follows the bytes, not the number of channels.
+
 - ``scan_channel``: one logical channel u -> d of an exchange; its figures.
 - ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
   with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
@@ -56,6 +59,7 @@ class ChannelTask:
     parallelism: int
     inputs: list[BufferSource]
     outputs: list[BufferSource]
+    size: int = 0  # bytes of its handles (as the metadata says), what an engine task's budget counts
 
 
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
@@ -75,6 +79,7 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
                     downstream.parallelism,
                     [BufferSource.of(checkpoint, h) for h in channel.input_handles],
                     [BufferSource.of(checkpoint, h) for h in channel.output_handles],
+                    sum(h.state_size for h in channel.input_handles) + sum(h.state_size for h in channel.output_handles),
                 )
             )
     return tasks
@@ -187,6 +192,10 @@ class RouteTask:
     new_channel: int
     channels: list[ChannelTask]
     file_name: str
+
+    @property
+    def size(self) -> int:
+        return sum(channel.size for channel in self.channels)
 
 
 @dataclass
