@@ -9,7 +9,7 @@ DEMO_CHECKPOINT := $(firstword $(wildcard $(DEMO_FIXTURE)/*/chk-*))
 DEMO_OUT := /tmp/ckpt-demo/job/$(notdir $(DEMO_CHECKPOINT))
 DEMO_INPUTS := --plan $(DEMO_FIXTURE)/plan.json --schema fixtures/countjob.schema.toml
 
-.PHONY: setup browser demo test conformance compat bench fixtures clean
+.PHONY: setup browser demo test conformance compat bench bench-scale fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,10 @@ compat: setup
 # Rescale against the I/O floor (cp -r) on generated checkpoints; see bench/run.py.
 bench: setup
 	$(BIN)/python bench/run.py
+
+# The same in-flight bytes at parallelism 16 to 4,096, dense and sparse channels; see bench/scale.py.
+bench-scale: setup
+	$(BIN)/python bench/scale.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py

@@ -115,8 +115,20 @@ def read_whole_records(
     return records
 
 
+_KEY_GROUPS: dict[tuple[int, int], tuple[Exchange, KeyGroups]] = {}  # by exchange object and max parallelism
+
+
 def key_groups_of(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
-    return KeyGroups(exchange, max_parallelism) if exchange.keyed else None
+    """The exchange's key-group function, made once per exchange object (the channels of a batch
+    share it: parsing the record type per channel would cost more than reading the channel)."""
+    if not exchange.keyed:
+        return None
+    known = _KEY_GROUPS.get((id(exchange), max_parallelism))
+    if known is None or known[0] is not exchange:
+        if len(_KEY_GROUPS) > 64:
+            _KEY_GROUPS.clear()
+        known = _KEY_GROUPS[(id(exchange), max_parallelism)] = (exchange, KeyGroups(exchange, max_parallelism))
+    return known[1]
 
 
 def check_values(records: ChannelRecords, exchange: Exchange, keys: Optional[KeyGroups]) -> None:

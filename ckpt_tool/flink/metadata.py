@@ -11,6 +11,7 @@ The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``Me
 
 from __future__ import annotations
 
+import gc
 import struct
 from typing import NoReturn, Optional
 
@@ -99,10 +100,15 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
             f"{source} has metadata version {version}{newer}; supported versions are "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.13 to 2.3)"
         )
+    collecting = gc.isenabled()
+    gc.disable()  # the parse makes no reference cycles: the collector would only rescan millions of handles
     try:
         return _MetadataReader(reader, version).read()
     except RecursionError:
         raise CheckpointFormatError(f"{source}: handles nested too deeply") from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class _MetadataReader:
@@ -726,6 +732,14 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
         elif isinstance(h, ChangelogStreamHandle):
             h.handles_and_offsets = [(stream(inner), offset) for inner, offset in h.handles_and_offsets]
 
+    replaced: dict[int, tuple] = {}  # channel delegates done, by identity: the channels of one file share one
+
+    def shared(h):
+        done = replaced.get(id(h))
+        if done is None:
+            done = replaced[id(h)] = (h, stream(h))  # the handle is kept, so that its id stays its own
+        return done[1]
+
     for op in metadata.operators:
         if enter:
             enter(op, None)
@@ -739,17 +753,21 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:
-                ch.delegate = stream(ch.delegate)
+                ch.delegate = shared(ch.delegate)
                 for inner in getattr(ch, "channels", ()):
                     inner.delegate = ch.delegate
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:
-    """Every stream handle the checkpoint references (files and inline data), depth first."""
+    """Every stream handle the checkpoint references (files and inline data), depth first, each
+    handle object once (the channel handles of one file share their delegate)."""
     found: list = []
+    seen: set[int] = set()
 
     def collect(handle):
-        found.append(handle)
+        if id(handle) not in seen:
+            seen.add(id(handle))
+            found.append(handle)
         return handle
 
     map_stream_handles(metadata, collect)
