@@ -8,7 +8,8 @@ layouts at high parallelism hold more). Then, each under ``ulimit -n 1024``:
 with wall and CPU seconds (this process's children: the command and its workers) and peak RSS.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
-best of 3, same run), at the largest parallelism. With ``--spark``, the rescale at p=1024 on Spark.
+best of 3, same run), at the largest parallelism; the loader also reads every rescaled output.
+With ``--spark``, the rescale at p=1024 on Spark.
 
 The machine may be shared: wall times then vary with the load; CPU seconds vary less.
 The last line: ``scale_flatness`` = the worst, over the commands, of time at the largest p over time
@@ -121,6 +122,7 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
         "generate_s": generated_s,
         "runs": runs,
     }
+    flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
     if spark:
         shutil.rmtree(target.parent.parent, ignore_errors=True)
         row["spark"] = timed([CKPT, "rescale", str(source), str(target), "-p", str(3 * parallelism // 4), "--json",
