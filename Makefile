@@ -14,7 +14,7 @@ CKPT_TOOLS_CACHE ?= $(HOME)/.cache/ckpt-tools
 AZURITE := $(CKPT_TOOLS_CACHE)/azurite/node_modules/.bin/azurite-blob
 export CKPT_TOOLS_CACHE
 
-.PHONY: setup browser azurite demo test conformance compat bench bench-peer fixtures clean
+.PHONY: setup browser azurite demo test conformance compat bench bench-peer bench-scale fixtures clean
 
 setup: $(VENV)/.installed
 
@@ -66,6 +66,10 @@ bench: setup
 # ckpt side by side with Flink 2.3's own rescale, FLIP-547 off and on (four paths); see bench/peer.py.
 bench-peer: setup
 	$(BIN)/python bench/peer.py
+
+# The same in-flight bytes at parallelism 16 to 4,096, dense and sparse channels; see bench/scale.py.
+bench-scale: setup
+	$(BIN)/python bench/scale.py
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py

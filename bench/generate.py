@@ -1,14 +1,20 @@
 """Large checkpoints in Flink's real format, for benchmarks.
 
-Starts from the real fixture flink23-hashmap-p2 (Flink 2.3, CountJob), rescales it with ckpt to
-the wanted parallelism (so keyed, operator and finished state are Flink's), then fills the input
-channels of the keyed operator with synthetic in-flight records of the job's own type,
-``Tuple2<Long,String>`` keyed by f0 in 0..1023, each placed in the subtask that owns its key group.
-Every input channel of a subtask gets the same block of records (generation stays fast; the
-copies are on different upstream channels, so they are distinct records to Flink and to ckpt).
-Restoring the result, CountJob counts its source records plus every generated record.
+Starts from a real fixture (Flink 2.3, CountJob): flink23-hashmap-p2 (max parallelism 128) up to
+parallelism 128, and above that flink23-maxp4096-p2 (max parallelism 4,096, set by the job) or
+``--base`` by name. It rescales the fixture with ckpt to the wanted parallelism (so keyed,
+operator and finished state are Flink's), then fills the input channels of the keyed operator
+with synthetic in-flight records of the job's own type, ``Tuple2<Long,String>`` keyed by f0, each
+placed in the subtask that owns its key group (the keys are 0..1023, more where the parallelism
+needs them for every subtask to own one). ``--channels dense`` fills every upstream -> downstream
+channel, ``sparse`` one in ten; the total bytes stay as asked, except that a filled channel holds
+at least one record. Every filled input channel of a subtask gets the same block of records
+(generation stays fast; the copies are on different upstream channels, so they are distinct
+records to Flink and to ckpt). Restoring the result, CountJob counts its source records plus
+every generated record.
 
     python bench/generate.py OUT_DIR --parallelism 64 --bytes 100000000 [--files-per-subtask 1]
+        [--channels dense|sparse] [--base FIXTURE]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,9 +40,35 @@ from ckpt_tool.storage import io_for  # noqa: E402
 from ckpt_tool.writer import write_checkpoint  # noqa: E402
 
 FIXTURE = ROOT / "fixtures" / "flink23-hashmap-p2"
+LARGE_FIXTURE = ROOT / "fixtures" / "flink23-maxp4096-p2"  # max parallelism 4,096 (the job sets it)
 SCHEMA = ROOT / "fixtures" / "countjob.schema.toml"
 SLOW_COUNT = "0a6c3d247193df04622ad9b3b66741a5"
 NUM_KEYS = 1024
+SPARSE_EVERY = 10  # sparse: one channel in ten holds data
+
+
+def base_fixture(parallelism: int) -> Path:
+    """The fixture a checkpoint at ``parallelism`` grows from: one whose max parallelism allows it."""
+    return FIXTURE if parallelism <= 128 else LARGE_FIXTURE
+
+
+def filled(upstream: int, downstream: int, parallelism: int, channels: str) -> bool:
+    """Whether channel upstream -> downstream holds generated data."""
+    return channels == "dense" or (upstream * parallelism + downstream) % SPARSE_EVERY == 0
+
+
+def keys_by_subtask(max_parallelism: int, parallelism: int) -> dict[int, list[int]]:
+    """Keys 0..1023 by the subtask that owns their key group; further keys until every subtask owns one."""
+    keys_of: dict[int, list[int]] = {d: [] for d in range(parallelism)}
+    key, missing = 0, parallelism
+    while key < NUM_KEYS or missing:
+        group = key_group_for_hash(long_hash(key), max_parallelism)
+        owner = keys_of[operator_index_for_key_group(max_parallelism, parallelism, group)]
+        if key < NUM_KEYS or not owner:
+            missing -= not owner
+            owner.append(key)
+        key += 1
+    return keys_of
 
 
 def record(key: int, sequence: int) -> bytes:
@@ -45,21 +78,24 @@ def record(key: int, sequence: int) -> bytes:
     return b"\x00" + struct.pack(">qq", sequence, key) + encoded
 
 
-def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: int = 1) -> dict:
+def generate(
+    out: Path,
+    parallelism: int,
+    total_bytes: int,
+    files_per_subtask: int = 1,
+    channels: str = "dense",
+    base: Optional[Path] = None,
+) -> dict:
+    base = base or base_fixture(parallelism)
     staged = out.parent / (out.name + ".base")
-    with Session.open(str(next(FIXTURE.glob("*/chk-*"))), str(SCHEMA), str(FIXTURE / "plan.json"), "local") as base:
-        rescale(base, str(staged), parallelism)
+    with Session.open(str(next(base.glob("*/chk-*"))), str(SCHEMA), str(base / "plan.json"), "local") as session:
+        rescale(session, str(staged), parallelism)
     source = Checkpoint.open(str(staged))
     metadata = copy.deepcopy(source.metadata)
     slow = metadata.operator(SLOW_COUNT)
-    owner = {
-        key: operator_index_for_key_group(
-            slow.max_parallelism, parallelism, key_group_for_hash(long_hash(key), slow.max_parallelism)
-        )
-        for key in range(NUM_KEYS)
-    }
-    keys_of = {d: [k for k, o in owner.items() if o == d] for d in range(parallelism)}
-    per_channel = max(1, total_bytes // (parallelism * parallelism))
+    keys_of = keys_by_subtask(slow.max_parallelism, parallelism)
+    filled_channels = sum(filled(u, d, parallelism, channels) for u in range(parallelism) for d in range(parallelism))
+    per_channel = max(1, total_bytes // max(1, filled_channels))
     written, generated, sequence, total = set(), 0, 0, 0
     blocks = {}
     for subtask in slow.subtasks:
@@ -71,6 +107,8 @@ def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: i
         for upstream in range(parallelism):
             if (0, upstream) in existing:  # the fixture's own in-flight data stays where it is
                 handles.append(existing[(0, upstream)])
+                continue
+            if not filled(upstream, subtask.index, parallelism, channels):
                 continue
             if subtask.index not in blocks:
                 records, size = [], 0
@@ -99,8 +137,11 @@ def generate(out: Path, parallelism: int, total_bytes: int, files_per_subtask: i
     write_checkpoint(source, metadata, str(out), {}, already_written=frozenset(written))
     info = {
         "parallelism": parallelism,
+        "max_parallelism": slow.max_parallelism,
+        "channels": channels,
+        "base": base.name,
         "generated_records": generated,
-        "expected_count": json.loads((FIXTURE / "fixture.json").read_text())["source_records"] + generated,
+        "expected_count": json.loads((base / "fixture.json").read_text())["source_records"] + generated,
         "channel_state_bytes": total,
         "files": len(written),
     }
@@ -114,8 +155,11 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=64)
     parser.add_argument("--bytes", type=int, default=100_000_000)
     parser.add_argument("--files-per-subtask", type=int, default=1)
+    parser.add_argument("--channels", choices=("dense", "sparse"), default="dense")
+    parser.add_argument("--base", help="the fixture to start from (a directory name under fixtures/)")
     args = parser.parse_args()
-    print(json.dumps(generate(Path(args.out), args.parallelism, args.bytes, args.files_per_subtask)))
+    base = ROOT / "fixtures" / args.base if args.base else None
+    print(json.dumps(generate(Path(args.out), args.parallelism, args.bytes, args.files_per_subtask, args.channels, base)))
     return 0
 
 

@@ -1,6 +1,6 @@
 """The in-flight records of exchanges, scanned: the figures ``inspect``, ``verify`` and ``repair`` share.
 
-One task per logical channel runs on the session's engine. Copies of one record held by several
+Logical channels are scanned on the session's engine, in tasks of a bounded byte budget. Copies of one record held by several
 downstream subtasks can only be in key groups that several of them hold for the same upstream
 channel, so digests are computed only in a second pass over those channels; a healthy checkpoint
 needs none.
@@ -98,12 +98,16 @@ class ExchangeScan:
 def _scan_with_digests(engine: Engine, tasks, exchanges: list[Exchange], progress: Progress):
     """Channel figures and, per exchange and upstream subtask, the records held by several
     downstream subtasks."""
-    scans = engine.map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress)
+    # channels of one downstream subtask together (its input state is one file), in byte-sized batches
+    tasks = sorted(tasks, key=lambda t: (t.exchange_index, t.downstream_subtask, t.upstream_subtask))
+    scans = engine.map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress, [t.size for t in tasks])
     suspects = suspect_key_groups(((s.exchange_index, s.upstream_subtask), s.downstream_subtask, s.key_groups) for s in scans)
     again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
     holders: Holders = {}
     for s in engine.map(
-        lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]), again
+        lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
+        again,
+        sizes=[t.size for t in again],
     ):
         for digest in s.digests:
             holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)

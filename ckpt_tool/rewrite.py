@@ -286,7 +286,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     # journaled before any is created: each task's file, and on Spark each attempt's
     claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
     routed: list[RoutedFile] = engine.map(
-        lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, one_per_partition=True
+        lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, [t.size for t in tasks]
     )
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
     discard_other_attempts(dst, tasks, routed)
@@ -361,7 +361,7 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
         handles[name].append((key, source.offsets))
     tasks = [ReadBackTask(name, join(dst, name), by_file[name].file_size, items) for name, items in sorted(handles.items())]
     read: dict[tuple, ReadBack] = {}
-    for name, problem, backs in session.engine.map(read_back, tasks):
+    for name, problem, backs in session.engine.map(read_back, tasks, sizes=[t.size for t in tasks]):
         if problem:
             raise _mismatch(metadata, rescaled[by_file[name].exchange_index], f"{name}: {problem}")
         read.update((back.key, back) for back in backs)

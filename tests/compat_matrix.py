@@ -40,6 +40,7 @@ FEATURES: dict[str, Callable[[dict], bool]] = {
     "ForSt": lambda info: info["backend"] == "forst",
     "file merging": lambda info: info.get("feature") == "file-merging",
     "changelog": lambda info: info.get("feature") == "changelog",
+    "max parallelism 4,096 and 32,768": lambda info: info.get("feature") == "max-parallelism",
 }
 COLUMNS = CHECKS + tuple(FEATURES)
 

@@ -36,3 +36,20 @@ def test_generated_checkpoint_rescaled_as_the_benchmark_does_restores_exactly(tm
     report = rescale(session, str(target), 3).as_dict()
     assert report["inflation"] == 1.0 and report["records_in"] >= info["generated_records"]
     assert flink_env.restore_count("2.3.0", target, 3, backend="hashmap") == info["expected_count"]
+
+
+def test_sparse_channels_from_the_large_max_parallelism_fixture(tmp_path):
+    """Above p=128 the generator starts from flink23-maxp4096-p2; sparse fills one channel in ten,
+    every subtask owns a key, and the metadata reads back channel by channel."""
+    from generate import LARGE_FIXTURE, filled
+
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.flink.model import INPUT
+
+    checkpoint = tmp_path / "job" / "chk-3"
+    info = generate(checkpoint, 12, 200_000, channels="sparse", base=LARGE_FIXTURE)
+    assert (info["max_parallelism"], info["channels"], info["base"]) == (4096, "sparse", "flink23-maxp4096-p2")
+    slow = Checkpoint.open(str(checkpoint)).metadata.operator("slow-count")
+    generated = {(h.info[1], s.index) for s in slow.subtasks for h in s.channel_handles(INPUT) if h.info[0] == 0}
+    wanted = {(u, d) for u in range(12) for d in range(12) if filled(u, d, 12, "sparse")}
+    assert wanted <= generated and len(wanted) == 15

@@ -92,3 +92,22 @@ def test_pointwise_links_cover_each_subtask_once(up, down):
         assert all(c == 0 for _, _, c, _ in links)
     else:
         assert all(s == 0 for *_, s in links)
+
+
+def test_a_reader_keeps_a_bounded_number_of_files_mapped(tmp_path, monkeypatch):
+    """Each mapped file holds a descriptor: a task that reads more files than MAX_OPEN_MAPS (a
+    route task at parallelism 1,024 reads a thousand) still runs under `ulimit -n 1024`."""
+    from ckpt_tool.flink import channel_state
+    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
+    from ckpt_tool.storage import io_for
+
+    monkeypatch.setattr(channel_state, "MAX_OPEN_MAPS", 4)
+    sources = []
+    for number in range(10):
+        uri = str(tmp_path / f"f{number}")
+        writer = write_channel_state_file(io_for(uri), uri, [(0, bytes([number]) * 10)])
+        sources.append(BufferSource(uri, None, None, writer.placements[0].offsets))
+    with ChannelStateReader() as reader:
+        for number, source in enumerate(sources * 2):
+            assert reader.payload(source) == bytes([number % 10]) * 10
+            assert len(reader._mapped) <= 4

@@ -43,3 +43,39 @@ def test_auto_chooses_by_size_and_master():
     assert isinstance(make_engine("auto", 10_000), LocalEngine) and make_engine("auto", 10_000).workers == 1
     assert make_engine("auto", 100 * 2**20).workers > 1 or __import__("os").cpu_count() == 1
     assert make_engine("auto", 10 * 2**30).name == "spark" and make_engine("auto", 1, "spark://x:7077").name == "spark"
+
+
+def test_batches_are_sized_by_bytes_not_by_items():
+    from ckpt_tool.engine import BATCH_MAX_BYTES, BATCH_MIN_BYTES, batch_budget, plan_batches
+
+    assert plan_batches([5, 5, 5, 0, 0, 5], 10) == [range(0, 2), range(2, 6)]  # empty items cost nothing
+    assert plan_batches([30, 1, 1], 10) == [range(0, 1), range(1, 3)]  # a large item is a batch of its own
+    assert plan_batches([], 10) == []
+    assert batch_budget(10, 2) == BATCH_MIN_BYTES and batch_budget(100 * BATCH_MAX_BYTES, 2) == BATCH_MAX_BYTES
+    assert batch_budget(64 * BATCH_MIN_BYTES, 2) == 8 * BATCH_MIN_BYTES  # at least 4 batches per slot
+
+
+@pytest.mark.parametrize("engine", [LocalEngine(), LocalEngine(workers=2)], ids=["in-process", "two-processes"])
+def test_sized_items_run_in_batches_in_order_with_progress_in_bytes(engine):
+    import os
+
+    from ckpt_tool.engine import BATCH_MIN_BYTES, batch_budget
+
+    items = list(range(1000))
+    sizes = [BATCH_MIN_BYTES // 100] * 1000  # 10 MiB in all, at least 4 batches per slot
+    batches = 10 * BATCH_MIN_BYTES // batch_budget(10 * BATCH_MIN_BYTES, engine.slots())
+    seen: list[tuple[int, int]] = []
+    results = engine.map(lambda item: (item, os.getpid()), items, lambda done, total: seen.append((done, total)), sizes)
+    assert [item for item, _ in results] == items
+    assert len(seen) == batches >= 4 * engine.slots() and seen[-1] == (sum(sizes), sum(sizes))
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    with pytest.raises(CheckpointFormatError, match="item 3 is corrupt"):
+        engine.map(task_failing_on_three(), [1, 2, 3, 4], sizes=[10, 10, 10, 10])
+
+
+def test_spark_runs_one_partition_per_batch(spark):
+    from ckpt_tool.engine import BATCH_MIN_BYTES
+
+    sizes = [BATCH_MIN_BYTES // 2] * 8  # 4 MiB: 4 batches of 1 MiB
+    partitions = spark.map(lambda item: __import__("pyspark").TaskContext.get().partitionId(), list(range(8)), sizes=sizes)
+    assert partitions == [0, 0, 1, 1, 2, 2, 3, 3]

@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 problems found (verify); 2 unusable input or usage erro
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -186,6 +187,10 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 
     for note in session.notes:  # what was derived from the bytes (output partitions)
         click.echo(f"ckpt: note: {note}", err=True)
+
+    # the metadata lives as long as the command, and holds no reference cycles: the collector need
+    # not rescan its (up to millions of) handles again and again (one command per process)
+    gc.freeze()
 
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:

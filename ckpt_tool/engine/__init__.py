@@ -71,6 +71,16 @@ class _Guarded:
             return TaskError(type(exc).__module__, type(exc).__name__, str(exc), exc.exit_code)
 
 
+class _Batch:
+    """A task function applied to every item of a batch (one engine task), results in order. Picklable."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, batch: list) -> list:
+        return [self.function(item) for item in batch]
+
+
 def _raise_task_errors(results: list) -> list:
     for result in results:
         if isinstance(result, TaskError):
@@ -78,17 +88,73 @@ def _raise_task_errors(results: list) -> list:
     return results
 
 
+# Engine tasks are sized by bytes, not by items: consecutive items are packed into batches of at
+# most BATCH_MAX_BYTES (an item larger than that is a batch of its own), and into at least
+# BATCH_SPREAD batches per slot when the work is large enough, so that the slots stay busy.
+BATCH_MAX_BYTES = 64 * 1024**2
+BATCH_MIN_BYTES = 1024**2
+BATCH_SPREAD = 4
+
+
+def batch_budget(total_bytes: int, slots: int) -> int:
+    """The byte budget of one batch for ``total_bytes`` of work on ``slots`` parallel slots."""
+    spread = total_bytes // max(1, slots * BATCH_SPREAD)
+    return max(BATCH_MIN_BYTES, min(BATCH_MAX_BYTES, spread))
+
+
+def plan_batches(sizes: Sequence[int], budget: int) -> list[range]:
+    """Consecutive items (by index) packed into batches of at most ``budget`` bytes each; an item
+    of more than ``budget`` bytes is a batch of its own. Items of no bytes cost nothing."""
+    batches: list[range] = []
+    start, held = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and held + size > budget:
+            batches.append(range(start, index))
+            start, held = index, 0
+        held += size
+    if start < len(sizes):
+        batches.append(range(start, len(sizes)))
+    return batches
+
+
 class Engine:
-    """Applies a function to every task; ``map`` raises the first task's error, if any.
+    """Applies a function to every item; ``map`` raises the first item's error, if any.
     ``warnings``: what the reports should say about where the work ran (e.g. a slower path)."""
 
     name = "engine"
     warnings: Sequence[str] = ()
 
-    def map(self, function, items: list, progress: Progress = None, one_per_partition: bool = False) -> list:
-        return _raise_task_errors(self._map(_Guarded(function), items, progress, one_per_partition))
+    def map(self, function, items: list, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+        """``function`` of every item, in order. With ``sizes`` (bytes of each item), items are
+        run in batches of a bounded byte budget (``plan_batches``), one engine task per batch,
+        and ``progress`` counts bytes; without, every item is a task of its own."""
+        items = list(items)
+        if not items:
+            return []
+        if sizes is None:
+            sizes = [1] * len(items)
+            batches = [range(i, i + 1) for i in range(len(items))]
+        else:
+            sizes = list(sizes)
+            batches = plan_batches(sizes, batch_budget(sum(sizes), self.slots()))
+        weights = [sum(sizes[i] for i in b) for b in batches]
+        report = None
+        if progress:
+            total, done = sum(weights), [0]
 
-    def _map(self, function, items: list, progress: Progress, one_per_partition: bool) -> list:
+            def report(batch: int) -> None:
+                done[0] += weights[batch]
+                progress(done[0], total)
+
+        results = self._map(_Batch(_Guarded(function)), [[items[i] for i in b] for b in batches], report)
+        return _raise_task_errors([result for batch in results for result in batch])
+
+    def slots(self) -> int:
+        """How many tasks run at once."""
+        return 1
+
+    def _map(self, function, batches: list[list], progress: Optional[Callable[[int], None]]) -> list:
+        """``function`` of every batch, in order; ``progress(i)`` once batch i is done."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -107,25 +173,28 @@ class LocalEngine(Engine):
     def __init__(self, workers: int = 1):
         self.workers = workers
 
-    def _map(self, function, items, progress, one_per_partition):
-        if self.workers <= 1 or len(items) <= 1:
+    def slots(self) -> int:
+        return max(1, self.workers)
+
+    def _map(self, function, batches, progress):
+        if self.workers <= 1 or len(batches) <= 1:
             results = []
-            for done, item in enumerate(items, start=1):
-                results.append(function(item))
+            for index, batch in enumerate(batches):
+                results.append(function(batch))
                 if progress:
-                    progress(done, len(items))
+                    progress(index)
             return results
         import multiprocessing
 
         import cloudpickle  # the task functions are closures, which pickle cannot carry
 
         apply = functools.partial(_apply_pickled, cloudpickle.dumps(function))
-        with multiprocessing.get_context("fork").Pool(min(self.workers, len(items))) as pool:
+        with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
             results = []
-            for done, result in enumerate(pool.imap(apply, items, chunksize=1), start=1):
+            for index, result in enumerate(pool.imap(apply, batches, chunksize=1)):
                 results.append(result)
                 if progress:
-                    progress(done, len(items))
+                    progress(index)
         return results
 
 
@@ -253,16 +322,16 @@ class SparkEngine(Engine):
                     self.log = None
             self._context = None
 
-    def _map(self, function, items, progress, one_per_partition):
-        if not items:
-            return []
+    def slots(self) -> int:
+        return max(1, self.context.defaultParallelism)
+
+    def _map(self, function, batches, progress):
         sc = self.context
-        slices = len(items) if one_per_partition else min(len(items), max(2, sc.defaultParallelism * 4))
         self._jobs += 1
         group = f"ckpt-map-{self._jobs}"
         sc.setJobGroup(group, "ckpt")
-        try:
-            results = sc.parallelize(items, slices).map(function).collect()
+        try:  # one partition per batch: Spark's tasks are the batches
+            results = sc.parallelize(batches, len(batches)).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
             from ckpt_tool.engine.shipping import explain
 
@@ -270,7 +339,8 @@ class SparkEngine(Engine):
             raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {_last_line(exc)}") + where) from exc
         _wait_for_attempts(sc, group)
         if progress:
-            progress(len(items), len(items))
+            for index in range(len(batches)):
+                progress(index)
         return results
 
 

@@ -5,6 +5,9 @@ needs neither the metadata nor the driver. Its function reads through the one ch
 reader, computes with the records layer, writes through the one channel-state writer, and
 returns small figures.
 
+Engines run these in batches of a bounded byte budget (``Engine.map`` with sizes), so that the
+number of engine tasks follows the bytes, not the number of channels.
+
 - ``scan_channel``: one logical channel u -> d of an exchange; its figures.
 - ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
   with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
@@ -54,6 +57,7 @@ class ChannelTask:
     parallelism: int
     inputs: list[BufferSource]
     outputs: list[BufferSource]
+    size: int = 0  # bytes of its handles (as the metadata says), what an engine task's budget counts
 
 
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
@@ -73,6 +77,7 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
                     downstream.parallelism,
                     [BufferSource.of(checkpoint, h) for h in channel.input_handles],
                     [BufferSource.of(checkpoint, h) for h in channel.output_handles],
+                    sum(h.state_size for h in channel.input_handles) + sum(h.state_size for h in channel.output_handles),
                 )
             )
     return tasks
@@ -99,8 +104,20 @@ def read_whole_records(
     return records
 
 
+_KEY_GROUPS: dict[tuple[int, int], tuple[Exchange, KeyGroups]] = {}  # by exchange object and max parallelism
+
+
 def key_groups_of(exchange: Exchange, max_parallelism: int) -> Optional[KeyGroups]:
-    return KeyGroups(exchange, max_parallelism) if exchange.keyed else None
+    """The exchange's key-group function, made once per exchange object (the channels of a batch
+    share it: parsing the record type per channel would cost more than reading the channel)."""
+    if not exchange.keyed:
+        return None
+    known = _KEY_GROUPS.get((id(exchange), max_parallelism))
+    if known is None or known[0] is not exchange:
+        if len(_KEY_GROUPS) > 64:
+            _KEY_GROUPS.clear()
+        known = _KEY_GROUPS[(id(exchange), max_parallelism)] = (exchange, KeyGroups(exchange, max_parallelism))
+    return known[1]
 
 
 def check_values(records: ChannelRecords, exchange: Exchange, keys: Optional[KeyGroups]) -> None:
@@ -209,6 +226,10 @@ class RouteTask:
     new_channel: int
     channels: list[ChannelTask]
     file_name: str
+
+    @property
+    def size(self) -> int:
+        return sum(channel.size for channel in self.channels)
 
 
 @dataclass

@@ -40,6 +40,7 @@ SERIALIZATION_VERSION = 0
 HEADER = struct.pack(">i", SERIALIZATION_VERSION)
 BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
+MAX_OPEN_MAPS = 128  # files a reader keeps mapped at once (each holds a descriptor; `ulimit -n` may be 1024)
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -85,12 +86,7 @@ class ChannelStateReader:
 
     def close(self) -> None:
         for data in self._mapped.values():
-            close = getattr(data, "close", None)
-            if close:
-                try:
-                    close()
-                except BufferError:  # a view of the map is still referenced (by an error's traceback):
-                    pass  # the map is released with the last view
+            _close_map(data)
         self._mapped.clear()
 
     def payload(self, source: BufferSource) -> bytes:
@@ -143,6 +139,8 @@ class ChannelStateReader:
             data = memoryview(span)
         else:
             if location not in self._mapped:
+                if len(self._mapped) >= MAX_OPEN_MAPS:  # each map holds a file descriptor: the oldest goes
+                    _close_map(self._mapped.pop(next(iter(self._mapped))))
                 io = io_for(location)
                 self._mapped[location] = (io if source.beneath is None else io.confined(source.beneath)).map(location)
             data, offsets = memoryview(self._mapped[location]), source.offsets
@@ -173,6 +171,15 @@ class ChannelStateReader:
             raise CheckpointFormatError(f"{source.where}: negative buffer length at offset {last}")
         span = io.read_range(location, first, last + 4 + last_length - first)
         return HEADER + span, [o - first + len(HEADER) for o in source.offsets]
+
+
+def _close_map(data) -> None:
+    close = getattr(data, "close", None)
+    if close:
+        try:
+            close()
+        except BufferError:  # a view of the map is still referenced (by an error's traceback):
+            pass  # the map is released with the last view
 
 
 def _payloads(data, offsets: list[int], where: str) -> bytes:

@@ -80,6 +80,7 @@ class Checkpoint:
     paths: PathMapping
     _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
     chosen_from: Optional[str] = None  # the job directory it was chosen from, when it was given one
+    _handle_locations: dict[int, tuple] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
@@ -110,10 +111,14 @@ class Checkpoint:
         return job_directory(self.uri)
 
     def location(self, handle) -> str | None:
-        """Where a stream handle's bytes are now, or None for inline data."""
-        if isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
-            return self.file_location(handle)
-        return None
+        """Where a stream handle's bytes are now, or None for inline data (by handle object: the
+        channel handles of one file share their delegate, and a checkpoint may hold millions)."""
+        known = self._handle_locations.get(id(handle))
+        if known is not None and known[0] is handle:
+            return known[1]
+        location = self.file_location(handle) if isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)) else None
+        self._handle_locations[id(handle)] = (handle, location)
+        return location
 
     def file_location(self, handle: FileHandle | RelativeFileHandle | SegmentFileHandle) -> str:
         """Where a file handle's file is now (each path resolved once: checkpoints hold thousands)."""

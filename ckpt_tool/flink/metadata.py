@@ -11,6 +11,8 @@ The layout follows Flink's ``Checkpoints``, ``MetadataV2V3SerializerBase``, ``Me
 
 from __future__ import annotations
 
+import gc
+import struct
 from typing import NoReturn, Optional
 
 from ckpt_tool.errors import CheckpointFormatError
@@ -70,6 +72,12 @@ EMPTY_SEGMENT_FILE = 16
 SEGMENT_OPERATOR_STATE = 17
 
 # type bytes of ChannelStateHandleSerializerV2 (metadata v6)
+# A plain channel handle's fixed head (subtask, gate or partition, channel or subpartition, number of
+# buffer offsets), read in one go: metadata of a job at parallelism p holds up to p^2 of them.
+_CHANNEL_HEAD = struct.Struct(">iiii")
+_LONG = struct.Struct(">q")
+_OFFSETS = {count: struct.Struct(f">{count}q") for count in range(1, 9)}
+_FILE_TAGS = (bytes([FILE_STREAM]), bytes([RELATIVE_STREAM]))
 CHANNEL_TAGS = {(INPUT, False): 1, (OUTPUT, False): 2, (INPUT, True): 3, (OUTPUT, True): 4}
 
 
@@ -95,7 +103,13 @@ def read_metadata(data: bytes, source: str = "_metadata") -> CheckpointMetadata:
             f"{source} has metadata version {version}{newer}; supported versions are "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))} (Flink 1.13 to 2.3)"
         )
-    return _MetadataReader(reader, version).read()
+    collecting = gc.isenabled()
+    gc.disable()  # the parse makes no reference cycles: the collector would only rescan millions of handles
+    try:
+        return _MetadataReader(reader, version).read()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class _MetadataReader:
@@ -104,6 +118,7 @@ class _MetadataReader:
         self.version = version
         self.holder = ""  # the operator (and subtask) whose handles are being read, for errors
         self.depth = 0  # handles being read inside other handles
+        self._files: dict[bytes, object] = {}  # file handles read, by their serialized bytes
 
     def unknown(self, what: str, tag: int, at: int) -> NoReturn:
         """Fail on a handle type ckpt does not know, naming its tag and who holds it."""
@@ -219,6 +234,10 @@ class _MetadataReader:
     def stream_handle(self):
         r = self.r
         at = r.pos
+        if r.data[at : at + 1] in _FILE_TAGS:
+            known = self._file_handle(r)
+            if known is not None:
+                return known
         tag = r.u8("stream handle type")
         if tag == NULL_HANDLE:
             return None
@@ -240,6 +259,36 @@ class _MetadataReader:
         if tag == EMPTY_SEGMENT_FILE:
             return EmptySegmentFileHandle()
         self.unknown("stream state handle", tag, at)
+
+    def _file_handle(self, r: JavaReader):
+        """A file or relative file handle with an ASCII path, read at once; one object per file
+        and size (the handles of the channels of one file share it, as they do in Flink's memory).
+        None, with the reader unmoved, for anything else."""
+        data, at = r.data, r.pos
+        tag = data[at]
+        if tag == FILE_STREAM:
+            start, tail = at + 9, 0
+        else:
+            start, tail = at + 1, 8
+        if start + 2 > len(data):
+            return None
+        length = data[start] << 8 | data[start + 1]
+        end = start + 2 + length + tail
+        if end > len(data):
+            return None
+        raw = bytes(data[at:end])
+        known = self._files.get(raw)
+        if known is None:
+            path = raw[start - at + 2 : start - at + 2 + length]
+            if not path.isascii():
+                return None
+            size = _LONG.unpack_from(data, at + 1 if tag == FILE_STREAM else end - 8)[0]
+            if size < 0:
+                return None
+            known = (FileHandle if tag == FILE_STREAM else RelativeFileHandle)(path.decode("ascii"), size)
+            self._files[raw] = known
+        r.pos = end
+        return known
 
     def key_range(self) -> tuple[int, int]:
         return self.r.i32("start key group"), self.r.i32("number of key groups")
@@ -359,11 +408,38 @@ class _MetadataReader:
 
     def plain_channel_handle(self, direction: str) -> ChannelStateHandle:
         r = self.r
+        fast = self._plain_channel_head(r)
+        if fast is not None:  # the common, well-formed case; anything else is read field by field below
+            subtask, info, offsets, size = fast
+            return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
         subtask = r.i32("subtask index")
         info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
         offsets = _buffer_offsets(r)
         size = r.i64("channel state size")
         return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
+
+    @staticmethod
+    def _plain_channel_head(r: JavaReader) -> Optional[tuple[int, tuple[int, int], list[int], int]]:
+        """A plain channel handle up to its stream handle, read with two or three unpacks where it
+        is well formed (then the reader moves past it); None, with the reader unmoved, otherwise."""
+        data, at = r.data, r.pos
+        if at + 16 > len(data):
+            return None
+        subtask, gate, channel, count = _CHANNEL_HEAD.unpack_from(data, at)
+        end = at + 16 + 8 * count
+        if not 0 < count <= 8 or end + 8 > len(data):
+            return None
+        offsets = list(_OFFSETS[count].unpack_from(data, at + 16))
+        previous = -1
+        for offset in offsets:
+            if offset < 4 or offset < previous + 4:
+                return None
+            previous = offset
+        size = _LONG.unpack_from(data, end)[0]
+        if subtask < 0 or gate < 0 or channel < 0 or size < 0:
+            return None
+        r.pos = end + 8
+        return subtask, (gate, channel), offsets, size
 
     def merged_channel_handle(self, direction: str) -> MergedChannelStateHandle:
         r = self.r
@@ -672,6 +748,14 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
         elif isinstance(h, ChangelogStreamHandle):
             h.handles_and_offsets = [(stream(inner), offset) for inner, offset in h.handles_and_offsets]
 
+    replaced: dict[int, tuple] = {}  # channel delegates done, by identity: the channels of one file share one
+
+    def shared(h):
+        done = replaced.get(id(h))
+        if done is None:
+            done = replaced[id(h)] = (h, stream(h))  # the handle is kept, so that its id stays its own
+        return done[1]
+
     for op in metadata.operators:
         if enter:
             enter(op, None)
@@ -685,17 +769,21 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:
-                ch.delegate = stream(ch.delegate)
+                ch.delegate = shared(ch.delegate)
                 for inner in getattr(ch, "channels", ()):
                     inner.delegate = ch.delegate
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:
-    """Every stream handle the checkpoint references (files and inline data), depth first."""
+    """Every stream handle the checkpoint references (files and inline data), depth first, each
+    handle object once (the channel handles of one file share their delegate)."""
     found: list = []
+    seen: set[int] = set()
 
     def collect(handle):
-        found.append(handle)
+        if id(handle) not in seen:
+            seen.add(id(handle))
+            found.append(handle)
         return handle
 
     map_stream_handles(metadata, collect)

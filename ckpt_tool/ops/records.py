@@ -117,7 +117,7 @@ def export_records(
                     os.path.join(parts, f"part-{number:06d}.parquet"),
                 )
             )
-        written = engine.map(lambda task: export_channel(task, schema), tasks, progress)
+        written = engine.map(lambda task: export_channel(task, schema), tasks, progress, [t.channel.size for t in tasks])
         records = 0
         temporary = os.path.join(parts, "all.parquet")
         with pq.ParquetWriter(temporary, schema, **writer_options()) as writer:

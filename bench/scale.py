@@ -1,0 +1,187 @@
+"""`make bench-scale`: ckpt at growing parallelism, the same in-flight bytes.
+
+For each parallelism (default 16 128 1024 4096) and channel layout (dense: every upstream ->
+downstream channel of the keyed exchange holds data; sparse: one in ten), bench/generate.py writes
+from fixtures/flink23-maxp4096-p2 a checkpoint of about the same bytes (a filled channel holds at least one record, so dense
+layouts at high parallelism hold more). Then, each under ``ulimit -n 1024``:
+``ckpt inspect``, ``ckpt inspect --schema``, ``ckpt verify --schema`` and ``ckpt rescale`` to 3p/4,
+with wall and CPU seconds (this process's children: the command and its workers) and peak RSS.
+``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
+own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
+best of 3, same run), at the largest parallelism; the loader also reads every rescaled output.
+With ``--spark``, the rescale at p=1024 on Spark.
+
+The machine may be shared: wall times then vary with the load; CPU seconds vary less.
+The last line: ``scale_flatness`` = the worst, over the commands, of time at the largest p over time
+at the smallest (CPU seconds), and ``metadata_vs_flink``.
+
+    python bench/scale.py [--parallelism 16 128 1024 4096] [--channels dense sparse] [--bytes 50000000] [--spark]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
+
+from generate import LARGE_FIXTURE, SCHEMA, generate  # noqa: E402
+
+import flink_env  # noqa: E402
+from spark_cluster import descendants  # noqa: E402
+
+CKPT = str(Path(sys.executable).parent / "ckpt")
+OPEN_FILES = 1024
+COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale")
+
+
+def _rss_mb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _limit_open_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+
+
+def timed(command: list[str]) -> dict:
+    """Wall and CPU seconds and peak RSS (MiB, with every process it started) of ``command``, run
+    with at most OPEN_FILES open files."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, preexec_fn=_limit_open_files)
+        peak = 0
+        while process.poll() is None:
+            peak = max(peak, sum(_rss_mb(p) for p in descendants(process.pid)))
+            time.sleep(0.05)
+        wall = time.perf_counter() - start
+        error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if process.returncode not in (0, 1):  # verify exits 1 when it finds problems
+        raise RuntimeError(f"{' '.join(command)} failed with exit code {process.returncode}: {error[-1000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": peak}
+
+
+def metadata_read_seconds(checkpoint: Path) -> float:
+    """ckpt's metadata read of ``checkpoint``: the file's bytes to parsed metadata, best of 3, in a
+    fresh process (as a command reads it)."""
+    code = (
+        "import time; from ckpt_tool.flink.metadata import read_metadata\n"
+        "best = 1e9\n"
+        "for _ in range(3):\n"
+        f"    start = time.perf_counter(); read_metadata(open({str(checkpoint / '_metadata')!r}, 'rb').read())\n"
+        "    best = min(best, time.perf_counter() - start)\n"
+        "print(best)\n"
+    )
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def flink_load_seconds(checkpoint: Path) -> float:
+    result = flink_env.run_java("2.3.0", "LoadMetadataTimer", [str(checkpoint), "3"], timeout=1800)
+    for line in result.stdout.splitlines():
+        if line.startswith("LOAD_MS "):
+            fields = dict(part.split("=") for part in line.split()[1:])
+            return float(fields["best"]) / 1000
+    raise RuntimeError(f"LoadMetadataTimer failed:\n{result.stderr[-2000:]}")
+
+
+def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool) -> dict:
+    source = work / f"p{parallelism}-{channels}" / "job" / "chk-3"
+    started = time.perf_counter()
+    base = LARGE_FIXTURE  # one base at every parallelism: the same keyed state, max parallelism 4,096
+    info = generate(source, parallelism, total_bytes, channels=channels, base=base)
+    generated_s = time.perf_counter() - started
+    inputs = ["--plan", str(base / "plan.json"), "--schema", str(SCHEMA)]
+    target = source.parent.parent / "out" / "job" / "chk-3"
+    runs = {
+        "inspect": timed([CKPT, "inspect", str(source), "--json"]),
+        "inspect --schema": timed([CKPT, "inspect", str(source), "--json", *inputs]),
+        "verify --schema": timed([CKPT, "verify", str(source), "--json", *inputs]),
+        "rescale": timed([CKPT, "rescale", str(source), str(target), "-p", str(max(1, 3 * parallelism // 4)), "--json", *inputs]),
+    }
+    row = {
+        "parallelism": parallelism,
+        "channels": channels,
+        "bytes": info["channel_state_bytes"],
+        "metadata_mb": (source / "_metadata").stat().st_size / 1e6,
+        "generate_s": generated_s,
+        "runs": runs,
+    }
+    flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
+    if spark:
+        shutil.rmtree(target.parent.parent, ignore_errors=True)
+        row["spark"] = timed([CKPT, "rescale", str(source), str(target), "-p", str(3 * parallelism // 4), "--json",
+                              "--engine", "spark", *inputs])  # fmt: skip
+    row["metadata_read_s"] = metadata_read_seconds(source)
+    row["flink_load_s"] = flink_load_seconds(source)
+    shutil.rmtree(source.parent.parent, ignore_errors=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[16, 128, 1024, 4096])
+    parser.add_argument("--channels", nargs="+", choices=("dense", "sparse"), default=["dense", "sparse"])
+    parser.add_argument("--bytes", type=int, default=50_000_000, help="in-flight bytes of every checkpoint")
+    parser.add_argument("--spark", action="store_true", help="also the rescale on Spark at p=1024")
+    parser.add_argument("--work", help="where to write the checkpoints (default: a temporary directory)")
+    args = parser.parse_args()
+    flink_env.ensure_flink("2.3.0")
+    work = Path(args.work or tempfile.mkdtemp(prefix="ckpt-bench-scale-"))
+    rows = []
+    try:
+        for channels in args.channels:
+            for parallelism in args.parallelism:
+                row = bench_one(work, parallelism, channels, args.bytes, args.spark and parallelism == 1024)
+                rows.append(row)
+                runs = " ".join(
+                    f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu rss={r['rss_mb']}"
+                    for name, r in row["runs"].items()
+                )
+                spark = f" spark_rescale_s={row['spark']['wall_s']:.2f}" if "spark" in row else ""
+                print(
+                    f"p={parallelism} channels={channels} bytes={row['bytes']} metadata_mb={row['metadata_mb']:.1f} "
+                    f"{runs}{spark} metadata_read_s={row['metadata_read_s']:.2f} flink_load_s={row['flink_load_s']:.2f}",
+                    flush=True,
+                )
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    ratios = {}
+    for channels in args.channels:
+        mine = [r for r in rows if r["channels"] == channels]
+        low, high = min(mine, key=lambda r: r["parallelism"]), max(mine, key=lambda r: r["parallelism"])
+        for name in COMMANDS:
+            ratios[f"{channels}:{name}"] = high["runs"][name]["cpu_s"] / max(low["runs"][name]["cpu_s"], 1e-9)
+        print(
+            f"channels={channels} p{high['parallelism']}/p{low['parallelism']} (cpu) "
+            + " ".join(f"{name.replace(' --', '_').replace(' ', '_')}={ratios[f'{channels}:{name}']:.1f}" for name in COMMANDS),
+            flush=True,
+        )
+    largest = max(rows, key=lambda r: (r["parallelism"], r["metadata_mb"]))
+    peak = max(r["runs"][name]["rss_mb"] for r in rows for name in COMMANDS)
+    print(
+        f"peak_rss_mb={peak} scale_flatness={max(ratios.values()):.1f} "
+        f"metadata_vs_flink={largest['metadata_read_s'] / largest['flink_load_s']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
