@@ -42,21 +42,11 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
 from generate import FIXTURE, SCHEMA, generate  # noqa: E402
 
 import flink_env  # noqa: E402
-from spark_cluster import descendants, driver_environment, executor_args, running_cluster  # noqa: E402
+from spark_cluster import driver_environment, executor_args, running_cluster, tree_rss_mb  # noqa: E402
 
 CKPT = [str(Path(sys.executable).parent / "ckpt")]
 INPUTS = ["--plan", str(FIXTURE / "plan.json"), "--schema", str(SCHEMA)]
 GIB = 1024**3
-
-
-def _rss_mb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 0
 
 
 def timed(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[float, int, str]:
@@ -67,7 +57,7 @@ def timed(command: list[str], env: Optional[dict[str, str]] = None) -> tuple[flo
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL, text=True, env=env)
         peak = 0
         while process.poll() is None:
-            peak = max(peak, sum(_rss_mb(p) for p in descendants(process.pid)))
+            peak = max(peak, tree_rss_mb(process.pid))
             time.sleep(0.05)
         elapsed = time.perf_counter() - start
         output.seek(0)

@@ -36,21 +36,11 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
 from generate import LARGE_FIXTURE, SCHEMA, generate  # noqa: E402
 
 import flink_env  # noqa: E402
-from spark_cluster import descendants  # noqa: E402
+from spark_cluster import tree_rss_mb  # noqa: E402
 
 CKPT = str(Path(sys.executable).parent / "ckpt")
 OPEN_FILES = 1024
 COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale")
-
-
-def _rss_mb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _limit_open_files() -> None:
@@ -66,7 +56,7 @@ def timed(command: list[str]) -> dict:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, preexec_fn=_limit_open_files)
         peak = 0
         while process.poll() is None:
-            peak = max(peak, sum(_rss_mb(p) for p in descendants(process.pid)))
+            peak = max(peak, tree_rss_mb(process.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
         error = process.stderr.read().decode(errors="replace") if process.stderr else ""
