@@ -186,7 +186,7 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
         click.echo(f"ckpt: using {printable(name)}, the newest complete checkpoint of {chosen_from}", err=True)
 
     for note in session.notes:  # what was derived from the bytes (output partitions)
-        click.echo(f"ckpt: note: {note}", err=True)
+        click.echo(f"ckpt: note: {one_line(note)}", err=True)
 
     # the metadata lives as long as the command, and holds no reference cycles: the collector need
     # not rescan its (up to millions of) handles again and again (one command per process)
