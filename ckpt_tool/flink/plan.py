@@ -87,15 +87,7 @@ def read_plan_document(path: str) -> dict:
 
 def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
     """Read a plan file and match its vertices to the checkpoint's operators."""
-    vertices: dict[str, PlanVertex] = {}
-    for index, node in enumerate(read_plan_document(path)["nodes"]):
-        try:
-            vertex = _vertex(node, f"nodes[{index}]")
-        except PlanError as exc:
-            raise PlanError(f"plan {path}: {exc}") from None
-        if vertex.id in vertices:
-            raise PlanError(f"plan {path}: nodes[{index}] is vertex {vertex.id} again")
-        vertices[vertex.id] = vertex
+    vertices = _read_vertices(path, "plan")
     _check_matches(path, vertices, metadata)
     for vertex in vertices.values():
         vertex.members = _members(vertex, metadata)
@@ -110,12 +102,19 @@ def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
 def load_target_plan(path: str) -> dict[str, PlanVertex]:
     """The plan of the job as it will be started (``--target-plan``): its vertices by id, not
     matched to the checkpoint (an operator without a uid may have another id there)."""
+    return _read_vertices(path, "target plan")
+
+
+def _read_vertices(path: str, what: str) -> dict[str, PlanVertex]:
+    """A plan file's vertices by id, each checked; a vertex id given twice is refused."""
     vertices: dict[str, PlanVertex] = {}
     for index, node in enumerate(read_plan_document(path)["nodes"]):
         try:
             vertex = _vertex(node, f"nodes[{index}]")
         except PlanError as exc:
-            raise PlanError(f"target plan {path}: {exc}") from None
+            raise PlanError(f"{what} {path}: {exc}") from None
+        if vertex.id in vertices:
+            raise PlanError(f"{what} {path}: nodes[{index}] is vertex {vertex.id} again")
         vertices[vertex.id] = vertex
     return vertices
 
