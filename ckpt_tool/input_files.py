@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.model import UPPER_BOUND_MAX_PARALLELISM
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # what could break a line, or a terminal
 
@@ -42,10 +41,6 @@ def _java_int(low: int) -> Callable[[Any], bool]:
 STRING = Expected("a string", lambda value: isinstance(value, str))
 NON_NEGATIVE = Expected("an integer from 0 to 2147483647", _java_int(0))
 POSITIVE = Expected("an integer from 1 to 2147483647", _java_int(1))
-PARALLELISM = Expected(
-    f"an integer from 1 to {UPPER_BOUND_MAX_PARALLELISM}",
-    lambda value: type(value) is int and 1 <= value <= UPPER_BOUND_MAX_PARALLELISM,
-)
 LIST = Expected("a list", lambda value: isinstance(value, list))
 OBJECT = Expected("an object", lambda value: isinstance(value, dict))
 _REQUIRED = object()

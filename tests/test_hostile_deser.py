@@ -30,9 +30,9 @@ from java_streams import JavaStream, billion_laughs, checkpoint_properties, real
 
 from catalog import fixture_named
 from ckpt_tool.errors import CkptError
-from ckpt_tool.flink.key_serializer import MAX_SNAPSHOT_DEPTH, NESTED_MAGIC, parse_key_serializer
 from ckpt_tool.flink.metadata import read_metadata
 from ckpt_tool.flink.model import ByteStreamHandle
+from ckpt_tool.records.key_serializer import MAX_SNAPSHOT_DEPTH, NESTED_MAGIC, parse_key_serializer
 
 CASE_SECONDS = 20  # a case's budget (a case takes 0.05 to 0.5 s; the machine may be loaded)
 MEMORY_HEADROOM = 1 << 30  # a child's address space may grow by this much over the parent's

@@ -8,7 +8,7 @@ import pytest
 
 from catalog import ALL_FIXTURES, FIXTURES
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.key_serializer import key_serializer, schema_key_family
+from ckpt_tool.records.key_serializer import key_serializer, schema_key_family
 
 EXPECTED = {
     "tuple": "long",
@@ -48,7 +48,7 @@ def test_a_schema_whose_key_type_disagrees_is_refused(ckpt, tmp_path, command):
 
 
 def test_avro_key_fields_are_checked_too(tmp_path):
-    from ckpt_tool.flink.key_serializer import KeyTypeMismatch
+    from ckpt_tool.records.key_serializer import KeyTypeMismatch
     from ckpt_tool.session import Session
 
     fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-hashmap-p2")  # keyed by a Long

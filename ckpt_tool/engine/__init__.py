@@ -333,10 +333,10 @@ class SparkEngine(Engine):
         try:  # one partition per batch: Spark's tasks are the batches
             results = sc.parallelize(batches, len(batches)).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace
-            from ckpt_tool.engine.shipping import explain
+            from ckpt_tool.engine.shipping import explain, last_line
 
             where = f" (Spark's log: {self.log})" if self.log else ""
-            raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {_last_line(exc)}") + where) from exc
+            raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {last_line(exc)}") + where) from exc
         _wait_for_attempts(sc, group)
         if progress:
             for index in range(len(batches)):
@@ -370,19 +370,6 @@ def _wait_for_attempts(sc, group: str) -> None:
         running, _ = running_and_failed()
     if stragglers:
         time.sleep(sc._jsc.sc().conf().getTimeAsMs(PYTHON_KILL_TIMEOUT, "2s") / 1000)
-
-
-def _last_line(exc: Exception) -> str:
-    """What went wrong, in one line: a Python worker's exception (the line after its traceback),
-    else the first line of the JVM's message."""
-    lines = str(exc).splitlines()
-    for index, line in enumerate(lines):
-        if line.strip().endswith("Traceback (most recent call last):"):
-            raised = next((x for x in lines[index + 1 :] if x.strip() and not x.startswith((" ", "\t"))), "")
-            if raised:
-                return raised.strip()
-    first = next((line.strip() for line in lines if line.strip()), "")
-    return first or type(exc).__name__
 
 
 ENGINES = ("auto", "local", "spark")

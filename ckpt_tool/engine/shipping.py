@@ -255,8 +255,6 @@ def explain(master: str, message: str) -> Optional[str]:
 
 def probe(context, master: str, timeout: float) -> list[ExecutorInfo]:
     """One small task per executor core, within ``timeout`` seconds."""
-    from ckpt_tool.engine import _last_line
-
     slots = max(2, context.defaultParallelism)
     outcome: dict = {}
 
@@ -277,7 +275,7 @@ def probe(context, master: str, timeout: float) -> list[ExecutorInfo]:
         )
     if "error" in outcome:
         error = outcome["error"]
-        raise ClusterError(explain(master, str(error)) or f"the executors of {master} failed: {_last_line(error)}")
+        raise ClusterError(explain(master, str(error)) or f"the executors of {master} failed: {last_line(error)}")
     return outcome["infos"]
 
 
@@ -290,3 +288,16 @@ def warnings_of(infos: list[ExecutorInfo]) -> list[str]:
         f"executors on {hosts} run the pure NumPy/Python record path (slower, same results): "
         f"the compiled module did not load ({fallen[0][1]})"
     ]
+
+
+def last_line(exc: Exception) -> str:
+    """What went wrong, in one line: a Python worker's exception (the line after its traceback),
+    else the first line of the JVM's message."""
+    lines = str(exc).splitlines()
+    for index, line in enumerate(lines):
+        if line.strip().endswith("Traceback (most recent call last):"):
+            raised = next((x for x in lines[index + 1 :] if x.strip() and not x.startswith((" ", "\t"))), "")
+            if raised:
+                return raised.strip()
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return first or type(exc).__name__

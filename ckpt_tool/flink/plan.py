@@ -19,10 +19,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata, OperatorState
-from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, PARALLELISM, STRING, InputFileError, checked, checked_key
+from ckpt_tool.flink.model import OUTPUT, UPPER_BOUND_MAX_PARALLELISM, CheckpointMetadata, OperatorState
+from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key
 
 POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
+PARALLELISM = Expected(
+    f"an integer from 1 to {UPPER_BOUND_MAX_PARALLELISM}",
+    lambda value: type(value) is int and 1 <= value <= UPPER_BOUND_MAX_PARALLELISM,
+)
 
 
 class PlanError(InputFileError):
