@@ -295,6 +295,7 @@ def _name_uids(metadata: CheckpointMetadata, nodes: set[int], shift: int) -> Non
     planner's uids of the plan's nodes (``8_join``) these uids: the id is the hash of the uid, so the
     job set it, and its id stays the same in any job graph (the topology check relies on that)."""
     for node in nodes:
+        uids = {operator_id_of_uid(f"{node + shift}_{t}"): f"{node + shift}_{t}" for t in TRANSFORMATIONS}
         for op in _by_uid(metadata, node + shift):
             if op.uid is None:
-                op.uid = next(f"{node + shift}_{t}" for t in TRANSFORMATIONS if op.id_hex == operator_id_of_uid(f"{node + shift}_{t}"))
+                op.uid = uids[op.id_hex]
