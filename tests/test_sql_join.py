@@ -75,6 +75,7 @@ def test_the_compiled_plan_alone_describes_every_exchange_as_flinks_reader_count
 def test_schema_from_the_compiled_plan_alone_is_complete(ckpt, job, tmp_path):
     code, out, err = ckpt("schema", str(job.checkpoint), "--sql-plan", str(job.directory / "compiled-elsewhere.json"))
     assert code == 0, err
+    assert "# Every exchange is typed (nothing to fill in)" in out
     schema = tomllib.loads(out)["exchange"]
     assert len(schema) == 3  # every exchange holding in-flight data (the finished users side holds none)
     assert all(e["type"].startswith("binary_row<") and e["partitioner"] in ("HASH", "REBALANCE") for e in schema)
