@@ -150,3 +150,18 @@ def test_flink_120_restores_at_one_what_ckpt_wrote_with_the_sink_rows_dropped(ck
     assert report["records_out"] == report["records_in"] > 0
     info = job.info
     assert flink_env.restore_count(info["flink_version"], destination, 1, job="sqljoin", n=info["n"]) == info["source_records"]
+
+
+def test_a_plan_without_names_does_not_guess_the_join_chains_tail():
+    """Flink 1.20's metadata names no operator. Calc[3] holds output state and fits both the chain
+    it ends and the Join's chain (both at parallelism 2 into parallelism 2), whose tail,
+    LocalGroupAggregate[10], holds none: it is the tail of neither for sure, so neither is set, and
+    the schema's sender stands (the Join's chain was given Calc[3], refusing the fixture's schema)."""
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.flink.plan import load_job_plan
+
+    job = JOBS[1]
+    plan = load_job_plan(job.plan, Checkpoint.open(str(job.checkpoint)).metadata)
+    join_chain = "838214c2d0011d16604947ef42fbe75b"
+    assert plan.vertices[join_chain].tail is None
+    assert plan.vertices["7d6ee49eeb39bca22576de138f570bf8"].tail == "8c30f62f255d30da4eefb041339003cf"  # ConstraintEnforcer[13]
