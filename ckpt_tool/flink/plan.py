@@ -187,7 +187,10 @@ def _tails(vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> dic
     By name where the metadata has names (v5+); else a vertex whose chain is one operator is its
     own tail; else, among the operators with output state, the one that alone fits the vertex
     (same parallelism, subpartitions within every downstream's parallelism) once the others
-    are placed. Unknown tails stay None.
+    are placed. Unknown tails stay None. A tail need not hold output state, so an operator that
+    is the only fit of two vertices belongs to neither for sure (a SQL join's chain and the chain
+    before it, both at one parallelism, one of them holding nothing in flight): both stay None.
+    A vertex whose head has finished (FLIP-147) holds no output state and claims none.
     """
     consumers: dict[str, list[int]] = {}
     for vertex in vertices.values():
@@ -203,12 +206,14 @@ def _tails(vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> dic
             tails[vertex_id] = vertex_id
         else:
             tails[vertex_id] = None
+    finished = {op.id_hex for op in metadata.operators if op.finished == "all"}
     progress = True
     while progress:
         progress = False
         taken = {t for t in tails.values() if t}
+        only_fit: dict[str, list[str]] = {}  # operator -> the open vertices it is the only fit of
         for vertex_id, tail in tails.items():
-            if tail or vertex_id not in consumers:
+            if tail or vertex_id not in consumers or vertex_id in finished:
                 continue
             fits = [
                 op.id_hex
@@ -218,7 +223,10 @@ def _tails(vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> dic
                 and _output_fits(op, vertices[vertex_id].parallelism, min(consumers[vertex_id]))
             ]
             if len(fits) == 1:
-                tails[vertex_id] = fits[0]
+                only_fit.setdefault(fits[0], []).append(vertex_id)
+        for op_id, claimants in only_fit.items():
+            if len(claimants) == 1:
+                tails[claimants[0]] = op_id
                 progress = True
                 break
     return tails

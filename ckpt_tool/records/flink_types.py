@@ -19,7 +19,10 @@ class FlinkTypeError(CkptError):
     """A Flink SQL type that ckpt does not lay out."""
 
 
-_TOKEN = re.compile(r"\s*(`(?:[^`]|``)*`|[A-Za-z_][A-Za-z0-9_$]*|\d+|\*[A-Z]+\*|'(?:[^']|'')*'|[<>(),])")
+# ``*Class<...>*`` is the summary form of an inline STRUCTURED type (Flink 1.x), ``*ROWTIME*`` a marker
+_TOKEN = re.compile(
+    r"\s*(`(?:[^`]|``)*`|[A-Za-z_][A-Za-z0-9_$]*|\d+|\*[A-Z]+\*|\*[A-Za-z_$][A-Za-z0-9_$.]*(?=<)|\*|'(?:[^']|'')*'|[<>(),])"
+)
 _SIMPLE = {
     "BIGINT": "bigint",
     "INT": "int",
@@ -60,6 +63,9 @@ def _json_type(value: Any) -> str:
     root = str(value["type"]).upper()
     if root == "ROW":
         fields = [(str(f["name"]), _json_type(f["fieldType"])) for f in value.get("fields", [])]
+        return _row(fields)
+    if root == "STRUCTURED_TYPE":  # an accumulator class: a RowData of its attributes, as a nested row
+        fields = [(str(f["name"]), _json_type(f["attributeType"])) for f in value.get("attributes", [])]
         return _row(fields)
     if root in ("TIMESTAMP_WITHOUT_TIME_ZONE", "TIMESTAMP_WITH_LOCAL_TIME_ZONE"):
         name = "timestamp" if root == "TIMESTAMP_WITHOUT_TIME_ZONE" else "timestamp_ltz"
@@ -157,18 +163,37 @@ class _Parser:
             value = self.type()
             self.take(">")
             return f"map<{key},{value}>"
+        if name.startswith("*") and not name.endswith("*"):  # ``*Acc<`count` BIGINT>*``: STRUCTURED's summary
+            self.take("<")
+            fields = self.fields(">")
+            self.take("*")
+            return fields
+        if name == "STRUCTURED":
+            # an aggregate function's accumulator class (``STRUCTURED<'Acc', `count` BIGINT>``): internally a
+            # RowData of its attributes (RowData#createFieldGetter reads it as a ROW), laid out as a nested row
+            self.take("<")
+            if not self.peek().startswith("'"):
+                raise FlinkTypeError(f"the Flink type {self.text!r}: expected the class name after STRUCTURED<")
+            self.take()
+            if self.peek() == ",":
+                self.take()
+            return self.fields(">")
         if name == "ROW":
             opening = self.take()
             if opening not in ("<", "("):
                 raise FlinkTypeError(f"the Flink type {self.text!r}: expected '<' after ROW")
-            fields: list[tuple[str, str]] = []
-            while self.peek() not in (">", ")"):
-                field_name = self.take().strip("`").replace("``", "`")
-                fields.append((field_name, self.type()))
-                if self.peek().startswith("'"):  # a field description
-                    self.take()
-                if self.peek() == ",":
-                    self.take()
-            self.take()
-            return _row(fields)
+            return self.fields(")" if opening == "(" else ">")
         raise FlinkTypeError(f"ckpt does not lay out the Flink type {name} (in {self.text!r})")
+
+    def fields(self, closing: str) -> str:
+        """The fields of a ROW or STRUCTURED type up to its closing bracket, as ckpt's ``row<...>``."""
+        fields: list[tuple[str, str]] = []
+        while self.peek() not in (">", ")"):
+            field_name = self.take().strip("`").replace("``", "`")
+            fields.append((field_name, self.type()))
+            if self.peek().startswith("'"):  # a field description
+                self.take()
+            if self.peek() == ",":
+                self.take()
+        self.take(closing)
+        return _row(fields)

@@ -77,6 +77,7 @@ def schema_skeleton(
     described: set = set()
     sent: set = set()
     count = 0
+    typed = 0  # exchanges listed with their type (from a compiled plan or a schema)
     for exchange in exchanges or []:
         downstream = metadata.operator(exchange.downstream_id)
         upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
@@ -100,6 +101,7 @@ def schema_skeleton(
         if exchange.partitioner:
             lines += [f"partitioner = {_value(exchange.partitioner)}"]
         lines += _type_and_key(exchange)
+        typed += bool(exchange.record_type or exchange.decoder)
         lines += [""]
     count += _unplanned(metadata, described, lines, evidence)
     for op in metadata.operators:
@@ -116,6 +118,8 @@ def schema_skeleton(
                 ]
     if not count:
         lines += ["# No exchange holds in-flight data."]
+    elif typed == count:  # nothing left to fill in
+        lines[1] = "# Every exchange is typed (nothing to fill in); use it as: ckpt inspect CHECKPOINT --schema THIS_FILE"
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -255,6 +255,7 @@ def sql_plan_exchanges(path: str, metadata: CheckpointMetadata, notes: Optional[
     otherwise (16..30 for 1..15): where its own ids do not match, the one shift of every node id
     under which every exchange matches is taken, and said in ``notes``."""
     sqls = read_compiled_plan(path)
+    shift = 0
     exchanges, unmatched = _matched(sqls, metadata, 0)
     if unmatched:
         plan_nodes = {n for sql in sqls for n in (sql.upstream_node, sql.downstream_node)}
@@ -279,4 +280,22 @@ def sql_plan_exchanges(path: str, metadata: CheckpointMetadata, notes: Optional[
         )
     if not exchanges:
         raise SqlPlanError(f"compiled plan {path} has no exchange nodes")
+    _name_uids(metadata, _node_ids(path), shift)
     return exchanges
+
+
+def _node_ids(path: str) -> set[int]:
+    """The ids of every node of a compiled plan (one ``read_compiled_plan`` has read already)."""
+    with open(path) as f:
+        return {node["id"] for node in json.load(f)["nodes"]}
+
+
+def _name_uids(metadata: CheckpointMetadata, nodes: set[int], shift: int) -> None:
+    """Where the metadata holds no uids (before v5), give the operators whose ids are those of the
+    planner's uids of the plan's nodes (``8_join``) these uids: the id is the hash of the uid, so the
+    job set it, and its id stays the same in any job graph (the topology check relies on that)."""
+    for node in nodes:
+        uids = {operator_id_of_uid(f"{node + shift}_{t}"): f"{node + shift}_{t}" for t in TRANSFORMATIONS}
+        for op in _by_uid(metadata, node + shift):
+            if op.uid is None:
+                op.uid = uids[op.id_hex]
