@@ -19,8 +19,9 @@ from ckpt_tool.exchanges import resolve_partitions
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.flink.plan import JobPlan, load_job_plan
+from ckpt_tool.records.described import load_exchanges
 from ckpt_tool.records.key_serializer import check_key_types
-from ckpt_tool.records.schema import Exchange, load_exchanges
+from ckpt_tool.records.schema import Exchange
 
 
 @dataclass

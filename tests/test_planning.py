@@ -15,8 +15,9 @@ from ckpt_tool.flink.model import SubtaskState
 from ckpt_tool.flink.plan import JobPlan, PlanEdge, PlanError, PlanVertex, load_job_plan
 from ckpt_tool.planning import RescaleError, plan_rescale
 from ckpt_tool.records.batch import frame_channel
+from ckpt_tool.records.described import load_exchanges
 from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
-from ckpt_tool.records.schema import Exchange, load_exchanges
+from ckpt_tool.records.schema import Exchange
 
 BASE = fixture_named("flink23-hashmap-p2")
 SOURCE_MAIN = ("b5b685896ae600a7445abe76c18f003d", "16bff260012cd60417e15f46df63ed85", "5ff73b99d0669153bf2feac805d152ac")

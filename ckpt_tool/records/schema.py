@@ -367,26 +367,3 @@ def check_partitions(exchanges: list[Exchange], metadata: CheckpointMetadata, un
                 f"{metadata.label(sender)} sends to {names} and holds in-flight output data, but which output partition "
                 "feeds which is not known (Flink's plan does not say): give `partition` for each in --schema"
             )
-
-
-def load_exchanges(
-    metadata: CheckpointMetadata,
-    schema: Optional[str],
-    plan: Optional[JobPlan],
-    sql_plan: Optional[str] = None,
-    unstated_ok: bool = False,
-    notes: Optional[list[str]] = None,
-    plugins: tuple[str, ...] = (),
-) -> list[Exchange]:
-    """The exchanges a plan, a compiled SQL plan and/or a schema file describe (schema facts win
-    over the compiled plan's, which win over the plan's). ``unstated_ok``: see ``check_partitions``;
-    ``plugins``: the modules named with --plugin, the only ones a schema's decoders may come from."""
-    from_plan = plan_exchanges(plan) if plan else []
-    if sql_plan:
-        from ckpt_tool.records.sql_plan import sql_plan_exchanges
-
-        from_plan = merge_exchanges(from_plan, sql_plan_exchanges(sql_plan, metadata, notes), metadata)
-    from_schema = load_schema(schema, metadata, plugins) if schema else []
-    exchanges = merge_exchanges(from_plan, from_schema, metadata)
-    check_partitions(exchanges, metadata, unstated_ok)
-    return exchanges

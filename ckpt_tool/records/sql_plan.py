@@ -25,6 +25,7 @@ from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorSta
 from ckpt_tool.flink.operator_id import operator_id_of_uid
 from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key, shown
 from ckpt_tool.records.flink_types import flink_type_json
+from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import parse_type
 
 
@@ -208,8 +209,6 @@ def _inner_exchange(ops: list[OperatorState]) -> Optional[tuple[OperatorState, O
 def _matched(sqls: list[SqlExchange], metadata: CheckpointMetadata, shift: int):
     """The exchanges whose nodes (their ids plus ``shift``) match the checkpoint's operators, and
     the nodes that match none."""
-    from ckpt_tool.records.schema import Exchange
-
     by_name = _by_node_id(metadata)
 
     def operators(node: int, kind: str = "") -> list[OperatorState]:
