@@ -13,6 +13,7 @@ from ckpt_tool.records.key_serializer import key_serializer, schema_key_family
 EXPECTED = {
     "tuple": "long",
     "sideout": "long",
+    "updates": "long",
     "pojo": "string",
     "javatime": "local_date",
     "sql": "binary_row<string>",

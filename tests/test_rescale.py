@@ -23,7 +23,7 @@ CASES = (
     [(f, [3, 2]) for f in BASES]
     + [(f, [1, 4, 1]) for f in BASES]
     + [(f, [2]) for f in TUPLE_JOB if f.info.get("restored_from")]  # written by Flink at parallelism 3
-    + [(f, [3]) for f in RESTORABLE if f.info.get("job_kind") in ("pojo", "sql", "sqltypes", "javatime")]
+    + [(f, [3]) for f in RESTORABLE if f.info.get("job_kind") in ("pojo", "sql", "sqltypes", "javatime", "updates")]
 )
 
 

@@ -10,24 +10,32 @@ the checkpoint ckpt would have written is asserted on real Flink, and the way ou
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 
 import flink_env
 from catalog import fixture_named
+from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.planning import RescaleError, plan_rescale
 from ckpt_tool.rewrite import rewrite
 from ckpt_tool.session import Session
 from ckpt_tool.topology import CHAINED
+from ckpt_tool.writer import write_checkpoint
 
 SQL = fixture_named("flink23-sql-p2")
 SQLTYPES = fixture_named("flink23-sqltypes-p2")
 SQLTYPES120 = fixture_named("flink120-sqltypes-p2")  # the same job on Flink 1.20: metadata v4 holds no uids
 COUNTJOB = fixture_named("flink23-hashmap-p2")
+COUNTJOB120 = fixture_named("flink120-hashmap-p2")
+UPDATES = fixture_named("flink23-updates-p2")  # DataStream: in-flight records on the REBALANCE into the p=1 sink
+UPDATES120 = fixture_named("flink120-updates-p2")
 SINK_ID = "d1f88f581f7db6bdd7872c2ac6a9f331"  # 5_sink of flink23-sqltypes-p2
 SQL_SINK_ID = "c236b8d78d6f266597f918c317358f20"  # Sink: counts[16] of flink23-sql-p2 (no uid)
 CHAINED_SINK = f"{CHAINED} The following operators contain channel state: [{SINK_ID}]"
+UPDATES_SINK_ID = "59b68e3295bbe958af112642716602c8"  # up-sink-filter, head of the p=1 sink chain (2.3 and 1.20)
+CHAINED_UPDATES_SINK = f"{CHAINED} The following operators contain channel state: [{UPDATES_SINK_ID}]"
 NOT_MAPPED = f"Cannot map checkpoint/savepoint state for operator {SQL_SINK_ID} to the new program"
 
 
@@ -63,8 +71,14 @@ def flink_refusal(fixture, checkpoint, tmp_path) -> str:
 
 @pytest.mark.parametrize(
     "job, reason",
-    [(SQLTYPES, CHAINED_SINK), (SQL, NOT_MAPPED), (SQLTYPES120, CHAINED_SINK)],
-    ids=["chained-exchange", "uid-less-id-changes", "chained-exchange-1.20"],
+    [
+        (SQLTYPES, CHAINED_SINK),
+        (SQL, NOT_MAPPED),
+        (SQLTYPES120, CHAINED_SINK),
+        (UPDATES, CHAINED_UPDATES_SINK),
+        (UPDATES120, CHAINED_UPDATES_SINK),
+    ],
+    ids=["chained-exchange", "uid-less-id-changes", "chained-exchange-1.20", "datastream", "datastream-1.20"],
 )
 def test_rescale_to_one_is_refused_with_flinks_reason_and_nothing_written(ckpt, tmp_path, job, reason):
     destination = tmp_path / "out"
@@ -77,10 +91,35 @@ def test_rescale_to_one_is_refused_with_flinks_reason_and_nothing_written(ckpt, 
     assert not destination.exists()
 
 
+def in_flight_records(fixture, downstream: str) -> int:
+    """Records in flight into ``downstream``, as Flink's own classes count them (expected.json)."""
+    return sum(c["records"] for c in fixture.expected["logical_channels"] if c["downstream"] == downstream)
+
+
+@pytest.mark.flink
+@pytest.mark.parametrize("job", [UPDATES, UPDATES120], ids=["2.3", "1.20"])
+def test_flink_refuses_the_datastream_original_at_one(job, tmp_path):
+    """The DataStream job with records in flight on the REBALANCE into its p=1 sink (no explicit
+    partitioner): real Flink refuses the checkpoint as Flink wrote it (only relocated) at
+    parallelism 1, for the reason ckpt gives, as the issue saw on Flink 2.3."""
+    assert in_flight_records(job, UPDATES_SINK_ID) > 0
+    source = Checkpoint.open(str(job.checkpoint))
+    relocated = tmp_path / "original" / "job" / job.checkpoint.name
+    write_checkpoint(source, copy.deepcopy(source.metadata), str(relocated), {})
+    refusal = flink_refusal(job, relocated, tmp_path)
+    assert " ".join(CHAINED_UPDATES_SINK.split()) in refusal
+
+
 @pytest.mark.parametrize(
     "job, reason",
-    [(SQLTYPES, CHAINED_SINK), (SQL, NOT_MAPPED), (SQLTYPES120, CHAINED_SINK)],
-    ids=["sqltypes", "sql", "sqltypes-1.20"],
+    [
+        (SQLTYPES, CHAINED_SINK),
+        (SQL, NOT_MAPPED),
+        (SQLTYPES120, CHAINED_SINK),
+        (UPDATES, CHAINED_UPDATES_SINK),
+        (UPDATES120, CHAINED_UPDATES_SINK),
+    ],
+    ids=["sqltypes", "sql", "sqltypes-1.20", "datastream", "datastream-1.20"],
 )
 def test_verify_target_parallelism_one_says_flink_would_refuse(ckpt, job, reason):
     code, out, err = ckpt("verify", *args(job, "--target-parallelism", "1", "--json"))
@@ -90,20 +129,39 @@ def test_verify_target_parallelism_one_says_flink_would_refuse(ckpt, job, reason
     assert len(problems) == 1 and reason in problems[0]
 
 
-def test_verify_target_parallelism_flink_accepts(ckpt):
-    code, out, err = ckpt("verify", *args(COUNTJOB, "--target-parallelism", "1", "--json"))
+@pytest.mark.parametrize("job", [COUNTJOB, COUNTJOB120], ids=["2.3", "1.20"])
+def test_verify_target_parallelism_flink_accepts(ckpt, job):
+    """The DataStream job (two-input keyed, REBALANCE into a p=1 sink that holds no records): its
+    rescale to 1 is restored by real Flink with the exact count (tests/test_rescale.py, path 2-1-4-1)."""
+    code, out, err = ckpt("verify", *args(job, "--target-parallelism", "1", "--json"))
     assert code == 0, err
     assert next(c for c in json.loads(out)["checks"] if c["name"] == "target-parallelism")["status"] == "passed"
 
 
-def test_equal_parallelism_across_a_former_rebalance_edge(ckpt, tmp_path):
+@pytest.mark.parametrize("sql, countjob", [(SQLTYPES, COUNTJOB), (SQLTYPES120, COUNTJOB120)], ids=["2.3", "1.20"])
+def test_equal_parallelism_across_a_former_rebalance_edge(ckpt, tmp_path, sql, countjob):
     """Only the sink's parallelism changes (1 -> 2, that of its upstream chain): its input edge is
     FORWARD and chained at 2 as at 1."""
-    code, _, err = ckpt("rescale", *args(SQLTYPES, "--operator", "5_sink=2", "--dry-run"), str(tmp_path / "a"))
+    # 1.20's metadata names no operator: the sink by its id
+    code, _, err = ckpt("rescale", *args(sql, "--operator", f"{SINK_ID}=2", "--dry-run"), str(tmp_path / "a"))
     assert code == 2 and CHAINED_SINK in err
     # the CountJob's print sink chains with final-filter too, but that edge holds no in-flight data
-    code, _, err = ckpt("rescale", *args(COUNTJOB, "--operator", "print=2", "--dry-run"), str(tmp_path / "b"))
+    code, _, err = ckpt("rescale", *args(countjob, "--operator", "print=2", "--dry-run"), str(tmp_path / "b"))
     assert code == 0, err
+
+
+@pytest.mark.flink
+@pytest.mark.parametrize("job", [COUNTJOB, COUNTJOB120], ids=["2.3", "1.20"])
+def test_equal_parallelism_across_a_former_rebalance_edge_restores(ckpt, tmp_path, job):
+    """ckpt's output with the print sink at 2, the parallelism of final-filter, is restored by real
+    Flink running print at 2 (chained to final-filter: slow-count -> final-filter -> print) with the
+    exact count, as Flink restores the original so (1.20's holds a watermark on that edge)."""
+    destination = tmp_path / "print2" / "job" / job.checkpoint.name
+    code, _, err = ckpt("rescale", *args(job, "--operator", "print=2"), str(destination))
+    assert code == 0, err
+    info = job.info
+    count = flink_env.restore_count(info["flink_version"], destination, 2, backend=info["backend"], sink_parallelism=2)
+    assert count == info["source_records"]
 
 
 def target_plan(fixture, tmp_path, chain_sink: bool):
@@ -164,17 +222,23 @@ def test_flink_refuses_what_ckpt_refuses(job, tmp_path, reason):
 
 
 @pytest.mark.flink
-@pytest.mark.parametrize("job", [SQLTYPES, SQLTYPES120], ids=["2.3", "1.20"])
-def test_dropping_the_chained_exchange_restores_exactly(ckpt, tmp_path, job):
+@pytest.mark.parametrize(
+    "job, sink",
+    [(SQLTYPES, SINK_ID), (SQLTYPES120, SINK_ID), (UPDATES, UPDATES_SINK_ID), (UPDATES120, UPDATES_SINK_ID)],
+    ids=["2.3", "1.20", "datastream-2.3", "datastream-1.20"],
+)
+def test_dropping_the_chained_exchange_restores_exactly(ckpt, tmp_path, job, sink):
     destination = tmp_path / "dropped" / "job" / job.checkpoint.name
     # 1.20's metadata names no operator: the sink by its id
-    code, out, err = ckpt("rescale", *args(job, "-p", "1", "--drop-in-flight", SINK_ID, "--json"), str(destination))
+    code, out, err = ckpt("rescale", *args(job, "-p", "1", "--drop-in-flight", sink, "--json"), str(destination))
     assert code == 0, err
     report = json.loads(out)
-    assert [(d["downstream"], d["records"] > 0) for d in report["dropped"]] == [(SINK_ID, True)]
+    # exactly the records Flink's own classes count on that exchange are dropped
+    assert [(d["downstream"], d["records"]) for d in report["dropped"]] == [(sink, in_flight_records(job, sink))]
     assert report["records_out"] == report["records_in"]
     info = job.info
     count = flink_env.restore_count(info["flink_version"], destination, 1, job=info["job_kind"], n=info["n"])
     # the sink's changelog ends with every key's last count: rows dropped before the sink are
-    # updates that later rows of the same keys supersede
+    # updates that later rows of the same keys supersede (DataStream: the dropped lines are UPDATE
+    # lines, which the sink does not count; FINAL lines come only at end of input)
     assert count == info["source_records"]
