@@ -43,6 +43,7 @@ from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import RescaleError, RescalePlan
 from ckpt_tool.session import Session
 
+SILENT_LOSS = "Flink would start and silently lose it."
 CHAINED = (
     "Cannot recover from unaligned checkpoint when topology changes, such that data exchanges with persisted data are "
     "now chained."
@@ -345,7 +346,8 @@ def check_topology(
     reasons = "; ".join(
         f"{graph.vertices[link.upstream].label} -> {graph.vertices[link.downstream].label}: {link.why}" for link in graph.links
     )
-    message = f"Flink would not restore this checkpoint at {target}: {problems[0]}"
+    whole = " whole" if problems[0].endswith(SILENT_LOSS) else ""  # Flink would start, without that data
+    message = f"Flink would not restore this checkpoint{whole} at {target}: {problems[0]}"
     if len(problems) > 1:
         message += " Also: " + " ".join(problems[1:])
     message += f" Chained in the new job graph: {reasons}."
@@ -415,7 +417,7 @@ def _chain_problems(
         else:
             problems.append(
                 f"in the new chain {label}, {names} would hold {side} channel state that only a chain's "
-                f"{'head' if side == 'input' else 'tail'} may hold; Flink would start and silently lose it."
+                f"{'head' if side == 'input' else 'tail'} may hold; {SILENT_LOSS}"
             )
         for m in holders:
             drop.update(_exchanges_of(after, ops[m]))

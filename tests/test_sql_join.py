@@ -98,7 +98,8 @@ def test_parallelism_one_is_refused_and_nothing_written(ckpt, job, tmp_path):
     destination = tmp_path / "out"
     code, _, err = ckpt("rescale", str(job.checkpoint), str(destination), "-p", "1", "--sql-plan", plan, "--engine", "local")
     assert code == 2 and "Traceback" not in err
-    assert "Flink would not restore this checkpoint at the new parallelism" in err
+    # Flink 2.3 starts and loses the sink's in-flight rows, 1.20 fails (fixtures/README.md): not whole
+    assert "Flink would not restore this checkpoint whole at the new parallelism" in err
     # the planner's uids name the operators on 1.20 too (the ids are their hashes), so no id is said to change
     assert "--drop-in-flight 13_sink" in err and "Cannot map" not in err
     assert not destination.exists()
