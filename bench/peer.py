@@ -43,6 +43,7 @@ read_x_native, read_x_flip547, read_x_ckpt, chain_inflation_native, chain_inflat
 chain_inflation_ckpt.
 
     python bench/peer.py [--sizes 0.1 1] [--parallelism 16] [--busy-us 2] [--no-chain] [--pause-ms 100]
+        [--paths abcd] [--xmx 1g]
         [--chain-sizes 1]
 """
 
@@ -76,6 +77,7 @@ FLIP547 = {
     "execution.checkpointing.during-recovery.enabled": "true",
 }
 PATHS = {"a": ("native", False), "b": ("native", True), "c": ("ckpt", False), "d": ("ckpt", True)}
+JVM_FLAGS = flink_env.JVM_FLAGS  # with --xmx, its heap replaced
 
 
 def inspected(checkpoint: Path) -> tuple[int, set[str]]:
@@ -108,7 +110,7 @@ def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bo
     args = [f"mode={mode}", f"parallelism={parallelism}", f"busy-us={busy_us}", f"checkpoint-dir={work / 'ck'}",
             f"restore=counting://{checkpoint}", f"first-copy={work / 'first' / 'chk-first'}", f"pause-ms={pause_ms}"]  # fmt: skip
     args += [f"-D{k}={v}" for k, v in FLIP547.items()] if flip547 else []
-    result = flink_env.run_java(VERSION, "PeerJob", args, timeout=3600)
+    result = flink_env.run_java(VERSION, "PeerJob", args, timeout=3600, jvm_flags=JVM_FLAGS)
     if result.returncode:
         raise RuntimeError(f"PeerJob {mode} of {checkpoint} failed:\n{result.stderr[-2000:]}")
     out: dict = {"reads": {}}
@@ -128,8 +130,8 @@ def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bo
     return out
 
 
-def paths(work: Path, source: Path, info: dict, target: int, busy_us: int) -> dict:
-    """The four paths at one new parallelism."""
+def paths(work: Path, source: Path, info: dict, target: int, busy_us: int, which: str = "abcd") -> dict:
+    """The four paths (or those named in ``which``) at one new parallelism."""
     in_flight, files = inspected(source)
     rescaled = work / f"ckpt-{target}" / "job" / source.name
     ckpt_s = rescale_seconds(source, rescaled, target)
@@ -137,6 +139,8 @@ def paths(work: Path, source: Path, info: dict, target: int, busy_us: int) -> di
     rows = {}
     nan = float("nan")
     for name, (how, flip547) in PATHS.items():
+        if name not in which:
+            continue
         start = ckpt_s if how == "ckpt" else 0.0
         checkpoint, channel_files = (rescaled, rescaled_files) if how == "ckpt" else (source, files)
         try:
@@ -223,8 +227,13 @@ def main() -> int:
     parser.add_argument("--busy-us", type=int, default=2, help="the keyed operator's busy wait per record")
     parser.add_argument("--no-chain", action="store_true", help="without the chain of three rescales")
     parser.add_argument("--pause-ms", type=int, default=100, help="the chain's gate: sleep per record (FLIP-547 on)")
+    parser.add_argument("--paths", default="abcd", help="only these of the paths (a) to (d); the figures need all")
+    parser.add_argument("--xmx", help="the Flink JVM's heap (default: fixtures/flink_env.py's -Xmx1g)")
     parser.add_argument("--chain-sizes", type=float, nargs="*", help="sizes that run the chain (default: all)")
     args = parser.parse_args()
+    if args.xmx:
+        global JVM_FLAGS
+        JVM_FLAGS = tuple(f for f in JVM_FLAGS if not f.startswith("-Xmx")) + (f"-Xmx{args.xmx}",)
     p = args.parallelism
     summary = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-peer-") as tmp:
@@ -234,7 +243,7 @@ def main() -> int:
             info = generate(source, p, int(gib * GIB))
             figures: dict = {"gib": gib}
             for target in (3 * p // 4, 3 * p // 2):
-                rows = paths(work, source, info, target, args.busy_us)
+                rows = paths(work, source, info, target, args.busy_us, args.paths)
                 for name, r in rows.items():
                     how, flip547 = PATHS[name]
                     print(
@@ -244,6 +253,8 @@ def main() -> int:
                         f"count={r['count']} exact={r['exact']}",
                         flush=True,
                     )
+                if len(rows) < len(PATHS):
+                    continue
                 a, b, c, d = (rows[k] for k in "abcd")
                 figures.setdefault("ttfc_vs_flip547", []).append(min(c["ttfc_s"], d["ttfc_s"]) / b["ttfc_s"])
                 figures.setdefault("drain_vs_native", []).append(c["drain_s"] / a["drain_s"])
