@@ -78,6 +78,7 @@ FLIP547 = {
 }
 PATHS = {"a": ("native", False), "b": ("native", True), "c": ("ckpt", False), "d": ("ckpt", True)}
 JVM_FLAGS = flink_env.JVM_FLAGS  # with --xmx, its heap replaced
+CAPTURE_LIMIT_S = 900  # a chain step with no checkpoint by then is recorded as failed
 
 
 def inspected(checkpoint: Path) -> tuple[int, set[str]]:
@@ -110,7 +111,12 @@ def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bo
     args = [f"mode={mode}", f"parallelism={parallelism}", f"busy-us={busy_us}", f"checkpoint-dir={work / 'ck'}",
             f"restore=counting://{checkpoint}", f"first-copy={work / 'first' / 'chk-first'}", f"pause-ms={pause_ms}"]  # fmt: skip
     args += [f"-D{k}={v}" for k, v in FLIP547.items()] if flip547 else []
-    result = flink_env.run_java(VERSION, "PeerJob", args, timeout=3600, jvm_flags=JVM_FLAGS)
+    limit = 3600 if mode == "measure" else CAPTURE_LIMIT_S
+    try:
+        result = flink_env.run_java(VERSION, "PeerJob", args, timeout=limit, jvm_flags=JVM_FLAGS)
+    except subprocess.TimeoutExpired as late:  # e.g. a JVM whose heap is full, collecting garbage for ever
+        tail = str(late.stderr or "")[-1000:]
+        raise RuntimeError(f"PeerJob {mode} of {checkpoint}: no end within {limit} s, stopped:\n{tail}") from late
     if result.returncode:
         raise RuntimeError(f"PeerJob {mode} of {checkpoint} failed:\n{result.stderr[-2000:]}")
     out: dict = {"reads": {}}
@@ -172,7 +178,7 @@ def paths(work: Path, source: Path, info: dict, target: int, busy_us: int, which
     return rows
 
 
-def chain(work: Path, source: Path, parallelism: int, busy_us: int, pause_ms: int) -> dict:
+def chain(work: Path, source: Path, parallelism: int, busy_us: int, pause_ms: int, which: list[str]) -> dict:
     """In-flight bytes of the last checkpoint over the first after P -> 2P -> P/2 -> P, per path.
 
     The job is gated (``pause_ms`` per record, PeerJob's pause-ms) so that the restored records stay
@@ -182,7 +188,10 @@ def chain(work: Path, source: Path, parallelism: int, busy_us: int, pause_ms: in
     steps = [2 * parallelism, max(1, parallelism // 2), parallelism]
     first, _ = inspected(source)
     out = {}
+    work = work / f"chain-{source.parent.parent.name}"
     for name, how, flip547 in (("native", "native", False), ("flip547", "native", True), ("ckpt", "ckpt", True)):
+        if name not in which:
+            continue
         current = source
         gate = pause_ms if flip547 else 0
         try:
@@ -209,6 +218,7 @@ def chain(work: Path, source: Path, parallelism: int, busy_us: int, pause_ms: in
         rescale_seconds(current, rescaled, target)
         current = rescaled
     out["ckpt_offline"] = inspected(current)[0] / first
+    shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -229,6 +239,7 @@ def main() -> int:
     parser.add_argument("--pause-ms", type=int, default=100, help="the chain's gate: sleep per record (FLIP-547 on)")
     parser.add_argument("--paths", default="abcd", help="only these of the paths (a) to (d); the figures need all")
     parser.add_argument("--xmx", help="the Flink JVM's heap (default: fixtures/flink_env.py's -Xmx1g)")
+    parser.add_argument("--chain-paths", nargs="+", default=["native", "flip547", "ckpt"], help="the chain's paths")
     parser.add_argument("--chain-sizes", type=float, nargs="*", help="sizes that run the chain (default: all)")
     args = parser.parse_args()
     if args.xmx:
@@ -263,7 +274,7 @@ def main() -> int:
                 figures.setdefault("read_x_flip547", []).append(b["read_x"])
                 figures.setdefault("read_x_ckpt", []).append(max(c["read_x"], d["read_x"]))
             if not args.no_chain and (args.chain_sizes is None or gib in args.chain_sizes):
-                inflation = chain(work, source, p, args.busy_us, args.pause_ms)
+                inflation = chain(work, source, p, args.busy_us, args.pause_ms, args.chain_paths)
                 print(
                     f"size_gib={gib} chain {p}->{2 * p}->{max(1, p // 2)}->{p} "
                     + " ".join(f"chain_inflation_{k}={v:.2f}" for k, v in inflation.items()),
