@@ -11,7 +11,8 @@ restored at 3P/4 and at 3P/2 along four paths:
 
 Flink runs fixtures/java/v2.3/PeerJob.java: CountJob's job (same operators and state) whose keyed
 operator busy-waits `--busy-us` per record (recovery takes real time) and notes when it processes
-a generated in-flight record. Per path:
+a generated in-flight record; checkpoints every 100 ms, at least 10 s apart once one has completed
+(the first is not delayed), on fixtures/flink_env.py's JVM heap (-Xmx1g; --xmx for another). Per path:
 
 - ttfc_s: wall seconds from the start (ckpt's rescale included in (c) and (d)) to the first
   checkpoint the restored job completes; Flink's times run from PeerJob's main (the JVM's own start,
