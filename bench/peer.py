@@ -11,7 +11,8 @@ restored at 3P/4 and at 3P/2 along four paths:
 
 Flink runs fixtures/java/v2.3/PeerJob.java: CountJob's job (same operators and state) whose keyed
 operator busy-waits `--busy-us` per record (recovery takes real time) and notes when it processes
-a generated in-flight record. Per path:
+a generated in-flight record; checkpoints every 100 ms, at least 10 s apart once one has completed
+(the first is not delayed), on fixtures/flink_env.py's JVM heap (-Xmx1g; --xmx for another). Per path:
 
 - ttfc_s: wall seconds from the start (ckpt's rescale included in (c) and (d)) to the first
   checkpoint the restored job completes; Flink's times run from PeerJob's main (the JVM's own start,
@@ -25,8 +26,16 @@ a generated in-flight record. Per path:
 Then a chain of three rescales, P -> 2P -> P/2 -> P, per path: Flink restores at the next
 parallelism and the first checkpoint it completes after the restore is kept and restored at the
 next; on the ckpt path ckpt rescales each checkpoint first and Flink restores with FLIP-547 on. The
-chain's inflation is the in-flight bytes of the last checkpoint over the first;
-`chain_inflation_ckpt_offline` is the chain of ckpt's own rescales with no Flink run in between.
+chain's inflation is the in-flight bytes of the last checkpoint over the first. So that it measures
+what the rescales carry, not how much the job happened to process, the job is gated during the
+chain (--pause-ms: slow-count and the maps sleep per record, so the restored records stay in flight
+and the sources add next to nothing, while checkpoints still run between records): a path that
+carries every restored record once, and no replica, keeps 1.00. Flink without FLIP-547 completes no
+checkpoint before its recovery ends, so on that path (native, FLIP-547 off) the job runs ungated to
+the end of its recovery and its figure is what is left in flight then (0.00: nothing restored is
+carried). `chain_inflation_ckpt_offline` is the chain of ckpt's own rescales with no Flink run in
+between. A path that fails (Flink's restore, or ckpt refusing a checkpoint) is printed as it is and
+its figures are nan.
 
 Rows per size and path; the last line holds the figures as name=value, the worst over the sizes
 from 1 GiB up (over all sizes when none is that large): ttfc_vs_flip547 (the better of (c) and (d)
@@ -34,13 +43,16 @@ over (b)), drain_vs_native ((c) over (a)), drain_vs_flip547 (the better of (c) a
 read_x_native, read_x_flip547, read_x_ckpt, chain_inflation_native, chain_inflation_flip547,
 chain_inflation_ckpt.
 
-    python bench/peer.py [--sizes 0.1 1] [--parallelism 16] [--busy-us 2] [--no-chain]
+    python bench/peer.py [--sizes 0.1 1] [--parallelism 16] [--busy-us 2] [--no-chain] [--pause-ms 100]
+        [--paths abcd] [--xmx 1g]
+        [--chain-sizes 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -66,6 +78,8 @@ FLIP547 = {
     "execution.checkpointing.during-recovery.enabled": "true",
 }
 PATHS = {"a": ("native", False), "b": ("native", True), "c": ("ckpt", False), "d": ("ckpt", True)}
+JVM_FLAGS = flink_env.JVM_FLAGS  # with --xmx, its heap replaced
+CAPTURE_LIMIT_S = 900  # a chain step with no checkpoint by then is recorded as failed
 
 
 def inspected(checkpoint: Path) -> tuple[int, set[str]]:
@@ -90,15 +104,20 @@ def rescale_seconds(source: Path, target: Path, parallelism: int) -> float:
     return time.perf_counter() - started
 
 
-def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bool, busy_us: int) -> dict:
+def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bool, busy_us: int, pause_ms: int = 0) -> dict:
     """PeerJob restores ``checkpoint`` (through counting://) at ``parallelism``: measure (to the end)
     or capture (the first checkpoint after the restore, kept)."""
     if work.exists():
         shutil.rmtree(work)
     args = [f"mode={mode}", f"parallelism={parallelism}", f"busy-us={busy_us}", f"checkpoint-dir={work / 'ck'}",
-            f"restore=counting://{checkpoint}", f"first-copy={work / 'first' / 'chk-first'}"]  # fmt: skip
+            f"restore=counting://{checkpoint}", f"first-copy={work / 'first' / 'chk-first'}", f"pause-ms={pause_ms}"]  # fmt: skip
     args += [f"-D{k}={v}" for k, v in FLIP547.items()] if flip547 else []
-    result = flink_env.run_java(VERSION, "PeerJob", args, timeout=3600)
+    limit = 3600 if mode == "measure" else CAPTURE_LIMIT_S
+    try:
+        result = flink_env.run_java(VERSION, "PeerJob", args, timeout=limit, jvm_flags=JVM_FLAGS)
+    except subprocess.TimeoutExpired as late:  # e.g. a JVM whose heap is full, collecting garbage for ever
+        tail = str(late.stderr or "")[-1000:]
+        raise RuntimeError(f"PeerJob {mode} of {checkpoint}: no end within {limit} s, stopped:\n{tail}") from late
     if result.returncode:
         raise RuntimeError(f"PeerJob {mode} of {checkpoint} failed:\n{result.stderr[-2000:]}")
     out: dict = {"reads": {}}
@@ -118,18 +137,27 @@ def flink(mode: str, checkpoint: Path, parallelism: int, work: Path, flip547: bo
     return out
 
 
-def paths(work: Path, source: Path, info: dict, target: int, busy_us: int) -> dict:
-    """The four paths at one new parallelism."""
+def paths(work: Path, source: Path, info: dict, target: int, busy_us: int, which: str = "abcd") -> dict:
+    """The four paths (or those named in ``which``) at one new parallelism."""
     in_flight, files = inspected(source)
     rescaled = work / f"ckpt-{target}" / "job" / source.name
     ckpt_s = rescale_seconds(source, rescaled, target)
     _, rescaled_files = inspected(rescaled)
     rows = {}
+    nan = float("nan")
     for name, (how, flip547) in PATHS.items():
+        if name not in which:
+            continue
         start = ckpt_s if how == "ckpt" else 0.0
         checkpoint, channel_files = (rescaled, rescaled_files) if how == "ckpt" else (source, files)
-        run = flink("measure", checkpoint, target, work / f"run-{name}-{target}", flip547, busy_us)
-        first_bytes, _ = inspected(run["first"])
+        try:
+            run = flink("measure", checkpoint, target, work / f"run-{name}-{target}", flip547, busy_us)
+            first_bytes, _ = inspected(run["first"])
+        except (RuntimeError, subprocess.CalledProcessError) as failed:  # recorded as it is, the row is nan
+            print(f"path ({name}) at {target} failed: {failed}", flush=True)
+            rows[name] = {"ttfc_s": nan, "drain_s": nan, "ckpt_s": start, "read_x": nan, "first_inflation": nan,
+                          "count": -1, "exact": False}  # fmt: skip
+            continue
         read = sum(n for path, n in run["reads"].items() if path in channel_files)
         rows[name] = {
             "ttfc_s": start + run["first_checkpoint_s"],
@@ -141,31 +169,47 @@ def paths(work: Path, source: Path, info: dict, target: int, busy_us: int) -> di
             "exact": run["count"] == info["expected_count"] and run["restored_records"] == info["generated_records"],
         }
         if not rows[name]["exact"]:
-            raise RuntimeError(
+            print(
                 f"path ({name}) at {target}: counted {run['count']} (expected {info['expected_count']}), "
-                f"processed {run['restored_records']} of {info['generated_records']} generated records"
+                f"processed {run['restored_records']} of {info['generated_records']} generated records",
+                flush=True,
             )
         shutil.rmtree(work / f"run-{name}-{target}", ignore_errors=True)
     shutil.rmtree(rescaled.parent.parent, ignore_errors=True)
     return rows
 
 
-def chain(work: Path, source: Path, parallelism: int, busy_us: int) -> dict:
-    """In-flight bytes of the last checkpoint over the first after P -> 2P -> P/2 -> P, per path."""
+def chain(work: Path, source: Path, parallelism: int, busy_us: int, pause_ms: int, which: list[str]) -> dict:
+    """In-flight bytes of the last checkpoint over the first after P -> 2P -> P/2 -> P, per path.
+
+    The job is gated (``pause_ms`` per record, PeerJob's pause-ms) so that the restored records stay
+    in flight and each step's first checkpoint must carry them; only where Flink cannot complete a
+    checkpoint before its recovery ends (FLIP-547 off) does the job run ungated, to the end of its
+    recovery (a gated job would never checkpoint), so nothing restored is left to carry."""
     steps = [2 * parallelism, max(1, parallelism // 2), parallelism]
     first, _ = inspected(source)
     out = {}
+    work = work / f"chain-{source.parent.parent.name}"
     for name, how, flip547 in (("native", "native", False), ("flip547", "native", True), ("ckpt", "ckpt", True)):
+        if name not in which:
+            continue
         current = source
+        gate = pause_ms if flip547 else 0
         try:
             for i, target in enumerate(steps):
                 if how == "ckpt":
                     rescaled = work / f"chain-{name}-{i}-ckpt" / "job" / current.name
                     rescale_seconds(current, rescaled, target)
                     current = rescaled
-                current = flink("capture", current, target, work / f"chain-{name}-{i}", flip547, busy_us)["captured"]
-        except RescaleRefused as refused:  # reported, and the chain's figure is nan
-            print(f"chain {name}: step {i + 1}: {refused}", flush=True)
+                run = flink("capture", current, target, work / f"chain-{name}-{i}", flip547, busy_us, gate)
+                current = run["captured"]
+                print(
+                    f"chain {name} step {i + 1} ({target}): first checkpoint at {run['first_checkpoint_s']:.1f} s, "
+                    f"in-flight {inspected(current)[0] / first:.4f} of the first",
+                    flush=True,
+                )
+        except (RescaleRefused, RuntimeError) as failed:  # reported as it is; the chain's figure is nan
+            print(f"chain {name}: step {i + 1}: {failed}", flush=True)
             out[name] = float("nan")
             continue
         out[name] = inspected(current)[0] / first
@@ -175,7 +219,16 @@ def chain(work: Path, source: Path, parallelism: int, busy_us: int) -> dict:
         rescale_seconds(current, rescaled, target)
         current = rescaled
     out["ckpt_offline"] = inspected(current)[0] / first
+    shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def worst_of(name: str, values: list[float]) -> float:
+    """The worst of ``values``: nan if any is (a path failed), the farthest from 1 for a chain's
+    inflation, else the largest."""
+    if not values or any(math.isnan(v) for v in values):
+        return float("nan")
+    return max(values, key=lambda v: abs(v - 1)) if name.startswith("chain_") else max(values)
 
 
 def main() -> int:
@@ -184,7 +237,15 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=16, help="P: restored at 3P/4 and 3P/2")
     parser.add_argument("--busy-us", type=int, default=2, help="the keyed operator's busy wait per record")
     parser.add_argument("--no-chain", action="store_true", help="without the chain of three rescales")
+    parser.add_argument("--pause-ms", type=int, default=100, help="the chain's gate: sleep per record (FLIP-547 on)")
+    parser.add_argument("--paths", default="abcd", help="only these of the paths (a) to (d); the figures need all")
+    parser.add_argument("--xmx", help="the Flink JVM's heap (default: fixtures/flink_env.py's -Xmx1g)")
+    parser.add_argument("--chain-paths", nargs="+", default=["native", "flip547", "ckpt"], help="the chain's paths")
+    parser.add_argument("--chain-sizes", type=float, nargs="*", help="sizes that run the chain (default: all)")
     args = parser.parse_args()
+    if args.xmx:
+        global JVM_FLAGS
+        JVM_FLAGS = tuple(f for f in JVM_FLAGS if not f.startswith("-Xmx")) + (f"-Xmx{args.xmx}",)
     p = args.parallelism
     summary = []
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-peer-") as tmp:
@@ -194,7 +255,7 @@ def main() -> int:
             info = generate(source, p, int(gib * GIB))
             figures: dict = {"gib": gib}
             for target in (3 * p // 4, 3 * p // 2):
-                rows = paths(work, source, info, target, args.busy_us)
+                rows = paths(work, source, info, target, args.busy_us, args.paths)
                 for name, r in rows.items():
                     how, flip547 = PATHS[name]
                     print(
@@ -204,6 +265,8 @@ def main() -> int:
                         f"count={r['count']} exact={r['exact']}",
                         flush=True,
                     )
+                if len(rows) < len(PATHS):
+                    continue
                 a, b, c, d = (rows[k] for k in "abcd")
                 figures.setdefault("ttfc_vs_flip547", []).append(min(c["ttfc_s"], d["ttfc_s"]) / b["ttfc_s"])
                 figures.setdefault("drain_vs_native", []).append(c["drain_s"] / a["drain_s"])
@@ -211,8 +274,8 @@ def main() -> int:
                 figures.setdefault("read_x_native", []).append(a["read_x"])
                 figures.setdefault("read_x_flip547", []).append(b["read_x"])
                 figures.setdefault("read_x_ckpt", []).append(max(c["read_x"], d["read_x"]))
-            if not args.no_chain:
-                inflation = chain(work, source, p, args.busy_us)
+            if not args.no_chain and (args.chain_sizes is None or gib in args.chain_sizes):
+                inflation = chain(work, source, p, args.busy_us, args.pause_ms, args.chain_paths)
                 print(
                     f"size_gib={gib} chain {p}->{2 * p}->{max(1, p // 2)}->{p} "
                     + " ".join(f"chain_inflation_{k}={v:.2f}" for k, v in inflation.items()),
@@ -220,7 +283,7 @@ def main() -> int:
                 )
                 for k, v in inflation.items():
                     figures[f"chain_inflation_{k}"] = [v]
-            worst = {k: max(v) for k, v in figures.items() if k != "gib"}
+            worst = {k: worst_of(k, v) for k, v in figures.items() if k != "gib"}
             print(f"size_gib={gib} " + " ".join(f"{k}={v:.2f}" for k, v in worst.items()), flush=True)
             summary.append((gib, worst))
             shutil.rmtree(source.parent.parent, ignore_errors=True)
@@ -228,7 +291,7 @@ def main() -> int:
     keys = ["ttfc_vs_flip547", "drain_vs_native", "drain_vs_flip547", "read_x_native", "read_x_flip547", "read_x_ckpt"]
     if not args.no_chain:
         keys += ["chain_inflation_native", "chain_inflation_flip547", "chain_inflation_ckpt"]
-    print(" ".join(f"{k}={max(w[k] for w in large):.2f}" for k in keys))
+    print(" ".join(f"{k}={worst_of(k, [w[k] for w in large if k in w]):.2f}" for k in keys))
     return 0
 
 

@@ -17,13 +17,17 @@ import os
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.storage import STORAGE_ENVIRONMENT
+
+if TYPE_CHECKING:
+    import multiprocessing.pool
 
 Progress = Optional[Callable[[int, int], None]]
 LOCAL_LIMIT_BYTES = 8 * 1024**3  # "auto" runs more in-flight data than this on Spark
@@ -166,15 +170,28 @@ class Engine:
 
 class LocalEngine(Engine):
     """This machine: the tasks run in this process, or with ``workers`` > 1 in that many forked
-    processes (one per core), results in the order of the tasks."""
+    processes (one per core), results in the order of the tasks. Once started (``start``, as a
+    session's engine is before a rescale), the processes are forked at the first map that needs
+    them and serve every later map until ``stop``; otherwise each map forks its own."""
 
     name = "local"
 
     def __init__(self, workers: int = 1):
         self.workers = workers
+        self._keep = False  # started: one pool for every map, until stop()
+        self._pool: Optional[multiprocessing.pool.Pool] = None
 
     def slots(self) -> int:
         return max(1, self.workers)
+
+    def start(self) -> None:
+        self._keep = True
+
+    def stop(self) -> None:
+        pool, self._pool, self._keep = self._pool, None, False
+        if pool is not None:
+            pool.terminate()  # every map has returned: the workers are idle
+            pool.join()
 
     def _map(self, function, batches, progress):
         if self.workers <= 1 or len(batches) <= 1:
@@ -189,13 +206,23 @@ class LocalEngine(Engine):
         import cloudpickle  # the task functions are closures, which pickle cannot carry
 
         apply = functools.partial(_apply_pickled, cloudpickle.dumps(function))
+        if self._keep:
+            pool = self._pool
+            if pool is None:
+                pool = self._pool = multiprocessing.get_context("fork").Pool(self.workers)
+                weakref.finalize(self, pool.terminate)  # an engine never stopped leaves no workers
+            return _collect(pool.imap(apply, batches, chunksize=1), progress)
         with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
-            results = []
-            for index, result in enumerate(pool.imap(apply, batches, chunksize=1)):
-                results.append(result)
-                if progress:
-                    progress(index)
-        return results
+            return _collect(pool.imap(apply, batches, chunksize=1), progress)
+
+
+def _collect(results, progress: Optional[Callable[[int], None]]) -> list:
+    collected = []
+    for index, result in enumerate(results):
+        collected.append(result)
+        if progress:
+            progress(index)
+    return collected
 
 
 def _apply_pickled(function: bytes, item):
