@@ -22,6 +22,7 @@ from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import ChannelScan, suspect_key_groups
 from ckpt_tool.records.schema import Exchange
+from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
 # (exchange index, upstream subtask, digest) -> old downstream subtasks holding that record
 Holders = dict[tuple[int, int, bytes], set[int]]
@@ -245,11 +246,11 @@ def pairing_evidence(checkpoint: Checkpoint, engine: Engine) -> Callable[[Exchan
         problems = [j for j in found if j.problem]
         if problems:
             first = problems[0]
-            return f"the bytes contradict it (channel {first.upstream_subtask} -> {first.downstream_subtask}: {first.problem})"
+            return f"{CONTRADICTED} (channel {first.upstream_subtask} -> {first.downstream_subtask}: {first.problem})"
         tested = sum(j.both_sides for j in found)
         if not tested:
             return "the bytes cannot tell (no channel holds data on both sides)"
-        return f"the bytes fit ({tested} channels: the output side continues the input side)"
+        return f"{FIT} ({tested} channels: the output side continues the input side)"
 
     return evidence
 

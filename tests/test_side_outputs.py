@@ -151,6 +151,28 @@ def test_plan_alone_pairs_the_partitions_from_the_bytes(ckpt, tmp_path, sideout)
 
 
 @pytest.mark.parametrize("sideout", SIDEOUTS, ids=VERSIONS)
+def test_skeleton_without_a_plan_states_the_one_pairing_the_bytes_fit(ckpt, tmp_path, sideout):
+    """Without --plan, each undescribed gate lists the candidate senders with what the bytes say of
+    each; where exactly one fits and every other is contradicted, the entry states that pairing
+    (never a guess), and the untouched skeleton is a schema ckpt accepts."""
+    code, out, err = ckpt("schema", str(sideout.checkpoint))
+    assert code == 0, err
+    named = sideout.info["metadata_version"] >= 5
+    split = "so-split" if named else SPLIT
+    stated = {}
+    for block in out.split("[[exchange]]")[1:]:
+        values = dict(line.split(" = ", 1) for line in block.splitlines() if line and not line.startswith("#"))
+        assert values["upstream"] == f'"{split}"' and "the one pairing the bytes fit" in block
+        stated[(values["downstream"].strip('"'), int(values["gate"]))] = int(values["partition"])
+    slow, side = ("so-slow-count", "so-side-filter") if named else (SLOW_COUNT, SIDE_FILTER)
+    assert stated == {(slow, 0): 0, (slow, 1): 1, (side, 0): 2}
+    path = tmp_path / "skeleton.toml"
+    path.write_text(out)
+    code, _, err = ckpt("inspect", str(sideout.checkpoint), "--schema", str(path), "--engine", "local")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("sideout", SIDEOUTS, ids=VERSIONS)
 def test_at_parallelism_one_only_the_edge_without_data_is_chained(ckpt, sideout):
     """verify --target-parallelism 1 passes, as Flink restores the original at 1: the REBALANCE
     so-final-filter -> so-print (2 -> 1) becomes FORWARD and chained, the explicit rebalance()

@@ -25,6 +25,10 @@ from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorSta
 from ckpt_tool.records.schema import Exchange, SchemaError
 from ckpt_tool.text import printable, shown, toml_string
 
+# How the pairing evidence (ckpt_tool.exchanges.pairing_evidence) starts its verdicts
+FIT = "the bytes fit"
+CONTRADICTED = "the bytes contradict it"
+
 
 def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tuple[int, int]:
     """(buffers, payload bytes) of one gate (input) or partition (output) of an operator."""
@@ -163,18 +167,29 @@ def _unplanned(
                 subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT) if h.info[0] == partition]
                 if max(subpartitions) < downstream.parallelism:  # subpartition d feeds the receiver's subtask d
                     candidates.append((op, partition))
+        fitting = []  # the candidates the bytes fit
+        contradicted = 0
         if candidates:
             lines += ["# upstream: the tail of the sending chain; operators with output state the parallelisms allow:"]
             for op, partition in candidates:
                 out_buffers, out_bytes = _in_flight(op, OUTPUT, partition)
-                said = f"; {printable(evidence(Exchange(op.id_hex, downstream.id_hex, gate, partition)))}" if evidence else ""
+                said = evidence(Exchange(op.id_hex, downstream.id_hex, gate, partition)) if evidence else ""
+                fitting += [(op, partition)] if said.startswith(FIT) else []
+                contradicted += said.startswith(CONTRADICTED)
                 lines += [
-                    f"#   {_ref(metadata, op)}, partition {partition}: {out_buffers} output buffers ({out_bytes} bytes){said}",
+                    f"#   {_ref(metadata, op)}, partition {partition}: {out_buffers} output buffers ({out_bytes} bytes)"
+                    + (f"; {printable(said)}" if said else ""),
                     f"#     ({_describe(op)})",
                 ]
         else:
             lines += ["# upstream: no operator holds output state for it (the sender sent it all)"]
-        lines += ['# upstream = "..."', f"downstream = {_ref(metadata, downstream)}", f"gate = {gate}", "partition = 0"]
+        if len(fitting) == 1 and len(fitting) + contradicted == len(candidates):  # the one pairing the bytes fit
+            op, partition = fitting[0]
+            lines += ["# the one pairing the bytes fit (every other candidate contradicts them):"]
+            lines += [f"upstream = {_ref(metadata, op)}", f"downstream = {_ref(metadata, downstream)}", f"gate = {gate}"]
+            lines += [f"partition = {partition}"]
+        else:
+            lines += ['# upstream = "..."', f"downstream = {_ref(metadata, downstream)}", f"gate = {gate}", "partition = 0"]
         lines += ['# partitioner = "HASH"']
         lines += _type_and_key(Exchange(None, downstream.id_hex))
         lines += [""]
