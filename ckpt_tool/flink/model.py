@@ -204,12 +204,14 @@ INPUT = "input"
 OUTPUT = "output"
 
 
-@dataclass
+@dataclass(slots=True)
 class ChannelStateHandle:
     """``InputChannelStateHandle`` or ``ResultSubpartitionStateHandle``.
 
     ``info`` is (gate, channel) for input and (partition, subpartition) for output; ``offsets``
     point at each buffer's 4-byte length in ``delegate``; ``state_size`` counts length prefixes too.
+    A job at parallelism p has up to p² of them: the class has slots, no per-object dict, and
+    the reader shares equal ``info`` tuples and sizes between handles.
     """
 
     direction: str
