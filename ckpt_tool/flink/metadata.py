@@ -435,7 +435,7 @@ class _MetadataReader:
         return known
 
     @staticmethod
-    def _plain_channel_head(r: JavaReader) -> Optional[tuple[int, tuple[int, int], list[int], int]]:
+    def _plain_channel_head(r: JavaReader) -> Optional[tuple[int, tuple[int, int], tuple[int, ...], int]]:
         """A plain channel handle up to its stream handle, read with two or three unpacks where it
         is well formed (then the reader moves past it); None, with the reader unmoved, otherwise."""
         data, at = r.data, r.pos
@@ -445,7 +445,7 @@ class _MetadataReader:
         end = at + 16 + 8 * count
         if not 0 < count <= 8 or end + 8 > len(data):
             return None
-        offsets = list(_OFFSETS[count].unpack_from(data, at + 16))
+        offsets = _OFFSETS[count].unpack_from(data, at + 16)
         previous = -1
         for offset in offsets:
             if offset < 4 or offset < previous + 4:
@@ -469,11 +469,12 @@ class _MetadataReader:
         return merged
 
 
-def _buffer_offsets(r: JavaReader) -> list[int]:
+def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
     """A channel handle's buffer offsets: after the file header, in the order written, each
     buffer's 4-byte length at least before the next (a handle never lists a buffer twice)."""
     at = r.pos
-    offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets", 8))]
+    count = r.count("number of buffer offsets", 8)
+    offsets = struct.unpack(f">{count}q", r.raw(8 * count, "buffer offsets"))
     previous = -1
     for offset in offsets:
         if offset < 4 or offset < previous + 4:

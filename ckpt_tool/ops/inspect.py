@@ -156,9 +156,15 @@ class ChangelogSummary:
 class SubtaskSummary:
     index: int
     finished: bool
-    channels: list[ChannelSummary]
     state_size: StateSizes
     changelog: Optional[ChangelogSummary] = None
+    summarize_channels: Callable[[], list[ChannelSummary]] = field(default=list, repr=False, compare=False)
+
+    @property
+    def channels(self) -> list[ChannelSummary]:
+        """Its channel handles, summarized when asked: a job at parallelism p has p² of them, which
+        ``inspect --json`` writes subtask by subtask."""
+        return self.summarize_channels()
 
 
 @dataclass
@@ -261,8 +267,23 @@ class InspectReport:
 
 
 def _channel_totals(op: OperatorState, direction: str) -> BufferTotals:
-    handles = [h for s in op.subtasks for h in s.channel_handles(direction)]
-    return BufferTotals(sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles))
+    totals = BufferTotals()
+    for s in op.subtasks:
+        for h in s.channel_handles(direction):
+            totals.buffers += h.buffer_count
+            totals.bytes += h.payload_bytes
+    return totals
+
+
+def _channel_summaries(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], list[ChannelSummary]]:
+    def summarize() -> list[ChannelSummary]:
+        return [
+            ChannelSummary(direction, h.info, h.buffer_count, h.payload_bytes, checkpoint.location(h.delegate))
+            for direction in (INPUT, OUTPUT)
+            for h in subtask.channel_handles(direction)
+        ]
+
+    return summarize
 
 
 def _keyed_size(handle) -> int:
@@ -332,15 +353,7 @@ def _state_sizes(subtasks: list[SubtaskState]) -> StateSizes:
 def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSummary:
     subtasks = [
         SubtaskSummary(
-            s.index,
-            s.finished,
-            [
-                ChannelSummary(direction, h.info, h.buffer_count, h.payload_bytes, checkpoint.location(h.delegate))
-                for direction in (INPUT, OUTPUT)
-                for h in s.channel_handles(direction)
-            ],
-            _state_sizes([s]),
-            changelog_summary(checkpoint, s),
+            s.index, s.finished, _state_sizes([s]), changelog_summary(checkpoint, s), _channel_summaries(checkpoint, s)
         )
         for s in op.subtasks
     ]
