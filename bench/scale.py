@@ -8,7 +8,9 @@ layouts at high parallelism hold more). Then, each under ``ulimit -n 1024``:
 with wall and CPU seconds (this process's children: the command and its workers) and peak RSS.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
-best of 3, same run), at the largest parallelism; the loader also reads every rescaled output.
+best of 3, same run), at the largest parallelism; the loader also reads every rescaled output, and
+Flink's classes (fixtures/java/ReferenceReader.java) count in it the records of the input, each in
+its key group's subtask, none twice (``reference_records``).
 With ``--spark``, the rescale at p=1024 on Spark.
 
 The machine may be shared: wall times then vary with the load; CPU seconds vary less.
@@ -21,6 +23,7 @@ at the smallest (CPU seconds), and ``metadata_vs_flink``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -33,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
 
-from generate import LARGE_FIXTURE, SCHEMA, generate  # noqa: E402
+from generate import LARGE_FIXTURE, SCHEMA, SLOW_COUNT, generate  # noqa: E402
 
 import flink_env  # noqa: E402
 from spark_cluster import tree_rss_mb  # noqa: E402
@@ -90,6 +93,21 @@ def flink_load_seconds(checkpoint: Path) -> float:
     raise RuntimeError(f"LoadMetadataTimer failed:\n{result.stderr[-2000:]}")
 
 
+def reference_keyed(checkpoint: Path, base: Path) -> dict:
+    """Flink's own view (fixtures/java/ReferenceReader.java) of the keyed exchange into slow-count:
+    its in-flight records, how many lie outside their key group's subtask, how many are held twice."""
+    result = flink_env.run_java(
+        "2.3.0",
+        "ReferenceReader",
+        [str(checkpoint), str(base / "operators.json")],
+        timeout=3600,
+        jvm_flags=("-Xmx6g", "-Dckpt.keyedOnly=true"),
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"ReferenceReader failed on {checkpoint}:\n{result.stderr[-2000:]}")
+    return next(k for k in json.loads(result.stdout)["keyed_operators"] if k["operator"] == SLOW_COUNT)
+
+
 def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool) -> dict:
     source = work / f"p{parallelism}-{channels}" / "job" / "chk-3"
     started = time.perf_counter()
@@ -113,6 +131,11 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
         "runs": runs,
     }
     flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
+    # and Flink's classes count the same records in it, each in its key group's subtask, none twice
+    before, after = reference_keyed(source, base), reference_keyed(target, base)
+    if (after["records"], after["misplaced_records"], after["duplicate_records"]) != (before["records"], 0, 0):
+        raise RuntimeError(f"the rescaled output of p={parallelism} {channels}: Flink's reader finds {after}, before {before}")
+    row["reference_records"] = after["records"]
     if spark:
         shutil.rmtree(target.parent.parent, ignore_errors=True)
         row["spark"] = timed([CKPT, "rescale", str(source), str(target), "-p", str(3 * parallelism // 4), "--json",
@@ -146,7 +169,8 @@ def main() -> int:
                 spark = f" spark_rescale_s={row['spark']['wall_s']:.2f}" if "spark" in row else ""
                 print(
                     f"p={parallelism} channels={channels} bytes={row['bytes']} metadata_mb={row['metadata_mb']:.1f} "
-                    f"{runs}{spark} metadata_read_s={row['metadata_read_s']:.2f} flink_load_s={row['flink_load_s']:.2f}",
+                    f"{runs}{spark} metadata_read_s={row['metadata_read_s']:.2f} flink_load_s={row['flink_load_s']:.2f} "
+                    f"reference_records={row['reference_records']}",
                     flush=True,
                 )
     finally:

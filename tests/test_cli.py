@@ -142,3 +142,16 @@ def test_newer_metadata_version_is_refused_naming_it(ckpt, broken):
     code, out, err = ckpt("verify", str(broken))
     assert_clean_error(code, out, err, "metadata version 7 (newer than this ckpt knows")
     assert "supported versions are 3, 4, 5, 6" in err
+
+
+def test_inspect_json_is_written_subtask_by_subtask_with_the_same_text(fixture):
+    """`inspect --json` writes each operator's subtasks one at a time (a job at parallelism 4,096
+    lists 16 million channels): the text is json.dumps's of the whole report."""
+    from ckpt_tool.ops.inspect import inspect, write_json
+    from ckpt_tool.session import Session
+
+    with Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan) as session:
+        report = inspect(session)
+    pieces: list[str] = []
+    write_json(report.as_dict(streamed=True), pieces.append)
+    assert "".join(pieces) == json.dumps(report.as_dict())

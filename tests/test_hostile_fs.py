@@ -391,9 +391,9 @@ def _plant(checkpoint: Path, case: str) -> None:
     elif case == "metadata-dev-zero":
         (checkpoint / "_metadata").unlink()
         os.symlink("/dev/zero", checkpoint / "_metadata")
-    elif case == "metadata-sparse-1g":
+    elif case == "metadata-sparse-4g":
         with open(checkpoint / "_metadata", "r+b") as f:
-            f.truncate(1 << 30)
+            f.truncate(1 << 32)
     elif case == "channel-fifo":
         channel.unlink()
         os.mkfifo(channel)
@@ -405,7 +405,7 @@ def _plant(checkpoint: Path, case: str) -> None:
 FILE_CASES = {
     "metadata-fifo": "_metadata is a FIFO, not a regular file: refused",
     "metadata-dev-zero": "_metadata is a symbolic link to /dev/zero, outside ",
-    "metadata-sparse-1g": "_metadata has 1073741824 bytes, more than the 536870912 ckpt reads: refused",
+    "metadata-sparse-4g": "_metadata has 4294967296 bytes, more than the 2147483648 ckpt reads: refused",
     "channel-fifo": "is a FIFO, not a regular file: refused",
     "channel-dev-zero": "is a symbolic link to /dev/zero, outside ",
 }

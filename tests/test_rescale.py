@@ -129,3 +129,36 @@ def test_merged_key_group_files_restore(tmp_path, monkeypatch):
         assert keyed and all(type(h).__name__ == "KeyGroupsHandle" for h in keyed)
         count = flink_env.restore_count(fixture.info["flink_version"], rescaled.checkpoint.uri, parallelism, backend="hashmap")
         assert count == fixture.info["source_records"]
+
+
+# Flink's MiniCluster at parallelism 128 needs more network buffers than its default 64 MiB: every
+# input gate of 128 channels takes its exclusive buffers at once.
+LARGE_PARALLELISM_CONF = {"taskmanager.memory.network.min": "512mb", "taskmanager.memory.network.max": "512mb"}
+
+
+@pytest.mark.flink
+def test_rescale_to_parallelism_128_at_max_parallelism_32768_restores(tmp_path):
+    """A rescale across large key-group ranges (32,768 key groups, 256 per subtask at p=128): Flink's
+    own classes (fixtures/java/ReferenceReader.java) find every in-flight record once, in its key
+    group's subtask, and real Flink 2.3 restores it with the exact count."""
+    from catalog import fixture_named
+
+    fixture = fixture_named("flink23-maxp32768-p2")
+    info, parallelism = fixture.info, 128
+    destination = tmp_path / "p128" / "job" / fixture.checkpoint.name
+    report = rescale(session_of(fixture.checkpoint, fixture, LocalEngine()), str(destination), parallelism).as_dict()
+    keyed = fixture.expected["keyed_operators"][0]
+    assert report["inflation"] == 1.0 and report["records_out"] == report["records_in"] >= keyed["records"] > 0
+
+    operators = str(fixture.directory / "operators.json")
+    result = flink_env.run_java(info["flink_version"], "ReferenceReader", [str(destination), operators])
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = next(k for k in json.loads(result.stdout)["keyed_operators"] if k["operator"] == keyed["operator"])
+    assert (after["parallelism"], after["max_parallelism"]) == (parallelism, 32768)
+    assert after["records"] == keyed["records"] and after["misplaced_records"] == after["duplicate_records"] == 0
+    assert [s["key_groups"] for s in after["subtasks"]] == [[256 * i, 256 * i + 255] for i in range(parallelism)]
+
+    count = flink_env.restore_count(
+        info["flink_version"], destination, parallelism, LARGE_PARALLELISM_CONF, backend=info["backend"]
+    )
+    assert count == info["source_records"]

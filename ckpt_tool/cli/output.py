@@ -109,7 +109,14 @@ class JsonOutput(Output):
         sys.stdout.write(json.dumps(value, indent=2 if sys.stdout.isatty() else None) + "\n")
 
     def inspect(self, report: InspectReport) -> None:
-        self._emit(report.as_dict())
+        if sys.stdout.isatty():
+            self._emit(report.as_dict())
+            return
+        from ckpt_tool.ops.inspect import write_json
+
+        # written subtask by subtask: the text of a job at parallelism 4,096 lists 16 million channels
+        write_json(report.as_dict(streamed=True), sys.stdout.write)
+        sys.stdout.write("\n")
 
     def rescale(self, report: RescaleReport) -> None:
         self._emit(report.as_dict())

@@ -23,9 +23,10 @@ from ckpt_tool.flink.model import (
 from ckpt_tool.storage import FileIO, io_for, is_local, join, normalize_uri, parent, within
 
 METADATA_FILE = "_metadata"
-# The most ckpt reads of a _metadata file (its size from the open file, before reading): Flink's
-# largest, with every small state inline, are tens of MB; a larger one is refused unread.
-MAX_METADATA_BYTES = 512 * 1024 * 1024
+# The most ckpt reads of a _metadata file (its size from the open file, before reading): a job at
+# parallelism 4,096 whose all-to-all exchange has in-flight data on every channel writes about
+# 1.1 GB (16.7 million channel handles); a larger one is refused unread.
+MAX_METADATA_BYTES = 2 * 1024 * 1024 * 1024
 
 
 @dataclass

@@ -50,6 +50,7 @@ SUPPORTED_VERSIONS = (3, 4, 5, 6)
 # Handles inside handles (key-groups around a stream, changelog around materialized state): Flink
 # writes 2 levels at most; ckpt refuses more than this rather than recursing without bound.
 MAX_HANDLE_DEPTH = 16
+SHARED_SIZES = 1 << 16  # distinct channel sizes the reader shares between handles (see _MetadataReader)
 
 # type bytes of MetadataV2V3SerializerBase
 NULL_HANDLE = 0
@@ -119,6 +120,10 @@ class _MetadataReader:
         self.holder = ""  # the operator (and subtask) whose handles are being read, for errors
         self.depth = 0  # handles being read inside other handles
         self._files: dict[bytes, object] = {}  # file handles read, by their serialized bytes
+        # equal channel infos and subtask indexes, one object each: p² channel handles repeat p
+        # distinct (gate, channel) tuples and p subtask indexes; sizes too, as long as few differ
+        self._shared: dict = {}
+        self._sizes: dict[int, int] = {}
 
     def unknown(self, what: str, tag: int, at: int) -> NoReturn:
         """Fail on a handle type ckpt does not know, naming its tag and who holds it."""
@@ -408,18 +413,29 @@ class _MetadataReader:
 
     def plain_channel_handle(self, direction: str) -> ChannelStateHandle:
         r = self.r
+        shared = self._shared.setdefault
         fast = self._plain_channel_head(r)
         if fast is not None:  # the common, well-formed case; anything else is read field by field below
             subtask, info, offsets, size = fast
-            return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
-        subtask = r.i32("subtask index")
-        info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
-        offsets = _buffer_offsets(r)
-        size = r.i64("channel state size")
-        return ChannelStateHandle(direction, subtask, info, offsets, size, self.stream_handle())
+        else:
+            subtask = r.i32("subtask index")
+            info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
+            offsets = _buffer_offsets(r)
+            size = r.i64("channel state size")
+        size = self.shared_size(size)
+        return ChannelStateHandle(direction, shared(subtask, subtask), shared(info, info), offsets, size, self.stream_handle())
+
+    def shared_size(self, size: int) -> int:
+        """``size``, as the object of an equal size read before while fewer than SHARED_SIZES differ."""
+        known = self._sizes.get(size)
+        if known is None:
+            known = size
+            if len(self._sizes) < SHARED_SIZES:
+                self._sizes[size] = size
+        return known
 
     @staticmethod
-    def _plain_channel_head(r: JavaReader) -> Optional[tuple[int, tuple[int, int], list[int], int]]:
+    def _plain_channel_head(r: JavaReader) -> Optional[tuple[int, tuple[int, int], tuple[int, ...], int]]:
         """A plain channel handle up to its stream handle, read with two or three unpacks where it
         is well formed (then the reader moves past it); None, with the reader unmoved, otherwise."""
         data, at = r.data, r.pos
@@ -429,7 +445,7 @@ class _MetadataReader:
         end = at + 16 + 8 * count
         if not 0 < count <= 8 or end + 8 > len(data):
             return None
-        offsets = list(_OFFSETS[count].unpack_from(data, at + 16))
+        offsets = _OFFSETS[count].unpack_from(data, at + 16)
         previous = -1
         for offset in offsets:
             if offset < 4 or offset < previous + 4:
@@ -449,15 +465,16 @@ class _MetadataReader:
         at = r.pos
         serialized = r.raw(r.count("length of merged channel offsets"), "merged channel offsets")
         merged = MergedChannelStateHandle(direction, subtask, size, delegate, serialized)
-        merged.channels = _unmerge(merged, JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"))
+        merged.channels = _unmerge(merged, JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"), self)
         return merged
 
 
-def _buffer_offsets(r: JavaReader) -> list[int]:
+def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
     """A channel handle's buffer offsets: after the file header, in the order written, each
     buffer's 4-byte length at least before the next (a handle never lists a buffer twice)."""
     at = r.pos
-    offsets = [r.i64("buffer offset") for _ in range(r.count("number of buffer offsets", 8))]
+    count = r.count("number of buffer offsets", 8)
+    offsets = struct.unpack(f">{count}q", r.raw(8 * count, "buffer offsets"))
     previous = -1
     for offset in offsets:
         if offset < 4 or offset < previous + 4:
@@ -466,14 +483,19 @@ def _buffer_offsets(r: JavaReader) -> list[int]:
     return offsets
 
 
-def _unmerge(merged: MergedChannelStateHandle, r: JavaReader) -> list[ChannelStateHandle]:
+def _unmerge(merged: MergedChannelStateHandle, r: JavaReader, reader: _MetadataReader) -> list[ChannelStateHandle]:
     """Decode ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets."""
     channels = []
+    shared, shared_size = reader._shared.setdefault, reader.shared_size
     for _ in range(r.count("number of merged channels")):
         info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
         size = r.i64("channel state size")
         offsets = _buffer_offsets(r)
-        channels.append(ChannelStateHandle(merged.direction, merged.subtask_index, info, offsets, size, merged.delegate))
+        channels.append(
+            ChannelStateHandle(
+                merged.direction, merged.subtask_index, shared(info, info), offsets, shared_size(size), merged.delegate
+            )
+        )
     if r.remaining:
         r.fail("trailing bytes in merged channel offsets")
     return channels
@@ -511,6 +533,8 @@ class _MetadataWriter:
     def __init__(self, writer: JavaWriter, version: int):
         self.w = writer
         self.version = version
+        # file handles written, serialized, by identity: the channel handles of one file share one
+        self._files: dict[int, tuple[object, bytes]] = {}
 
     def write(self, md: CheckpointMetadata) -> None:
         w = self.w
@@ -711,14 +735,31 @@ class _MetadataWriter:
             w.i32(len(h.serialized_offsets))
             w.raw(h.serialized_offsets)
         else:
-            w.i32(h.subtask_index)
-            w.i32(h.info[0])
-            w.i32(h.info[1])
-            w.i32(len(h.offsets))
-            for offset in h.offsets:
-                w.i64(offset)
+            offsets = h.offsets
+            count = len(offsets)
+            w.buffer += _CHANNEL_HEAD.pack(h.subtask_index, h.info[0], h.info[1], count)
+            if 0 < count <= 8:
+                w.buffer += _OFFSETS[count].pack(*offsets)
+            else:
+                for offset in offsets:
+                    w.i64(offset)
             w.i64(h.state_size)
-            self.stream_handle(h.delegate)
+            self.shared_stream_handle(h.delegate)
+
+    def shared_stream_handle(self, h) -> None:
+        """``stream_handle(h)``, a file handle serialized once however many channels share it."""
+        if not isinstance(h, (FileHandle, RelativeFileHandle)):
+            self.stream_handle(h)
+            return
+        known = self._files.get(id(h))
+        if known is None or known[0] is not h:
+            outer, self.w = self.w, JavaWriter()
+            try:
+                self.stream_handle(h)
+                known = self._files[id(h)] = (h, self.w.getvalue())
+            finally:
+                self.w = outer
+        self.w.buffer += known[1]
 
 
 def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> None:

@@ -6,6 +6,7 @@ Names follow Flink's classes (``org.apache.flink.runtime.state``) where that hel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -204,18 +205,21 @@ INPUT = "input"
 OUTPUT = "output"
 
 
-@dataclass
+@dataclass(slots=True)
 class ChannelStateHandle:
     """``InputChannelStateHandle`` or ``ResultSubpartitionStateHandle``.
 
     ``info`` is (gate, channel) for input and (partition, subpartition) for output; ``offsets``
-    point at each buffer's 4-byte length in ``delegate``; ``state_size`` counts length prefixes too.
+    point at each buffer's 4-byte length in ``delegate`` (a tuple as read from ``_metadata``, a list
+    where ckpt builds them); ``state_size`` counts length prefixes too.
+    A job at parallelism p has up to p² of them: the class has slots, no per-object dict, and
+    the reader shares equal ``info`` tuples and sizes between handles.
     """
 
     direction: str
     subtask_index: int
     info: tuple[int, int]
-    offsets: list[int]
+    offsets: Sequence[int]
     state_size: int
     delegate: Optional[StreamHandle]
 

@@ -7,9 +7,11 @@ exchange are scanned on the session's engine.
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -53,7 +55,46 @@ class BufferTotals:
     bytes: int = 0
 
 
-@dataclass
+class Streamed:
+    """A list in ``InspectReport.as_dict(streamed=True)`` whose items are made one at a time as
+    they are written (``write_json``): a job at parallelism p lists up to p² channels."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Callable[[], Iterator[dict]]):
+        self.items = items
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.items()
+
+
+def write_json(value: Any, write: Callable[[str], object]) -> None:
+    """``write(json.dumps(value))`` in pieces, with every ``Streamed`` list made item by item (the
+    same text: Python's encoder with its default separators)."""
+    if isinstance(value, Streamed):
+        write("[")
+        for number, item in enumerate(value):
+            write(", " + json.dumps(item) if number else json.dumps(item))
+        write("]")
+    elif isinstance(value, dict) and value:
+        for number, (key, item) in enumerate(value.items()):
+            write(("{" if number == 0 else ", ") + json.dumps(key) + ": ")
+            write_json(item, write)
+        write("}")
+    elif isinstance(value, list) and value and any(isinstance(item, dict) and _streams(item) for item in value):
+        for number, item in enumerate(value):
+            write("[" if number == 0 else ", ")
+            write_json(item, write)
+        write("]")
+    else:
+        write(json.dumps(value, default=list))  # a Streamed list deeper down is made whole
+
+
+def _streams(value: dict) -> bool:
+    return any(isinstance(item, Streamed) for item in value.values())
+
+
+@dataclass(slots=True)
 class ChannelSummary:
     """One channel handle: input (gate, channel) or output (partition, subpartition)."""
 
@@ -115,9 +156,15 @@ class ChangelogSummary:
 class SubtaskSummary:
     index: int
     finished: bool
-    channels: list[ChannelSummary]
     state_size: StateSizes
     changelog: Optional[ChangelogSummary] = None
+    summarize_channels: Callable[[], list[ChannelSummary]] = field(default=list, repr=False, compare=False)
+
+    @property
+    def channels(self) -> list[ChannelSummary]:
+        """Its channel handles, summarized when asked: a job at parallelism p has p² of them, which
+        ``inspect --json`` writes subtask by subtask."""
+        return self.summarize_channels()
 
 
 @dataclass
@@ -136,7 +183,8 @@ class OperatorSummary:
     def label(self) -> str:
         return self.name or self.uid or self.id[:8]
 
-    def as_dict(self) -> dict:
+    def as_dict(self, streamed: bool = False) -> dict:
+        """Its JSON layout; ``streamed``: the subtasks as a ``Streamed`` list."""
         return {
             "id": self.id,
             "uid": self.uid,
@@ -146,17 +194,18 @@ class OperatorSummary:
             "finished": self.finished,
             "channel_state": {k: asdict(v) for k, v in self.channel_state.items()},
             "state_size": asdict(self.state_size),
-            "subtasks": [
-                {
-                    "index": s.index,
-                    "finished": s.finished,
-                    "state_size": asdict(s.state_size),
-                    "channels": [c.as_dict() for c in s.channels],
-                    "changelog": s.changelog.as_dict() if s.changelog else None,
-                }
-                for s in self.subtasks
-            ],
+            "subtasks": Streamed(self._subtask_dicts) if streamed else list(self._subtask_dicts()),
         }
+
+    def _subtask_dicts(self) -> Iterator[dict]:
+        for s in self.subtasks:
+            yield {
+                "index": s.index,
+                "finished": s.finished,
+                "state_size": asdict(s.state_size),
+                "channels": [c.as_dict() for c in s.channels],
+                "changelog": s.changelog.as_dict() if s.changelog else None,
+            }
 
 
 @dataclass
@@ -199,13 +248,15 @@ class InspectReport:
     exchanges: Optional[list[ExchangeScan]] = field(default=None)
     problems: list[str] = field(default_factory=list)  # missing or truncated files, unreadable exchanges
 
-    def as_dict(self) -> dict:
+    def as_dict(self, streamed: bool = False) -> dict:
+        """The documented JSON layout; ``streamed``: each operator's subtasks a ``Streamed`` list
+        (for ``write_json``)."""
         result: dict[str, Any] = {
             "checkpoint_id": self.checkpoint_id,
             "metadata_version": self.metadata_version,
             "properties": self.properties,
             "master_states": [asdict(m) for m in self.master_states],
-            "operators": [o.as_dict() for o in self.operators],
+            "operators": [o.as_dict(streamed) for o in self.operators],
             "files": self.files.as_dict(),
             "problems": self.problems,
         }
@@ -216,8 +267,23 @@ class InspectReport:
 
 
 def _channel_totals(op: OperatorState, direction: str) -> BufferTotals:
-    handles = [h for s in op.subtasks for h in s.channel_handles(direction)]
-    return BufferTotals(sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles))
+    totals = BufferTotals()
+    for s in op.subtasks:
+        for h in s.channel_handles(direction):
+            totals.buffers += h.buffer_count
+            totals.bytes += h.payload_bytes
+    return totals
+
+
+def _channel_summaries(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], list[ChannelSummary]]:
+    def summarize() -> list[ChannelSummary]:
+        return [
+            ChannelSummary(direction, h.info, h.buffer_count, h.payload_bytes, checkpoint.location(h.delegate))
+            for direction in (INPUT, OUTPUT)
+            for h in subtask.channel_handles(direction)
+        ]
+
+    return summarize
 
 
 def _keyed_size(handle) -> int:
@@ -287,15 +353,7 @@ def _state_sizes(subtasks: list[SubtaskState]) -> StateSizes:
 def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSummary:
     subtasks = [
         SubtaskSummary(
-            s.index,
-            s.finished,
-            [
-                ChannelSummary(direction, h.info, h.buffer_count, h.payload_bytes, checkpoint.location(h.delegate))
-                for direction in (INPUT, OUTPUT)
-                for h in s.channel_handles(direction)
-            ],
-            _state_sizes([s]),
-            changelog_summary(checkpoint, s),
+            s.index, s.finished, _state_sizes([s]), changelog_summary(checkpoint, s), _channel_summaries(checkpoint, s)
         )
         for s in op.subtasks
     ]
