@@ -53,3 +53,18 @@ def test_sparse_channels_from_the_large_max_parallelism_fixture(tmp_path):
     generated = {(h.info[1], s.index) for s in slow.subtasks for h in s.channel_handles(INPUT) if h.info[0] == 0}
     wanted = {(u, d) for u in range(12) for d in range(12) if filled(u, d, 12, "sparse")}
     assert wanted <= generated and len(wanted) == 15
+
+
+def test_inspect_text_sums_channels_per_subtask_past_a_thousand(tmp_path, ckpt):
+    """At parallelism 40 dense the keyed exchange has 1,600 channel handles: the text report sums
+    them per subtask and direction (``--json`` still lists each), under the thousand-row limit."""
+    checkpoint = tmp_path / "job" / "chk-3"
+    generate(checkpoint, 40, 400_000)
+    code, out, err = ckpt("inspect", str(checkpoint))
+    assert code == 0, err
+    assert "Channel state per subtask (" in out and "channels; --json lists each)" in out
+    assert "Channel state per subtask and channel" not in out
+    code, out, err = ckpt("inspect", str(checkpoint), "--json")
+    listed = sum(len(s["channels"]) for o in json.loads(out)["operators"] for s in o["subtasks"])
+    assert code == 0 and listed > 1000
+    assert f"({listed} channels; --json lists each)" in ckpt("inspect", str(checkpoint))[1]

@@ -128,6 +128,9 @@ class JsonOutput(Output):
         self._emit(report.as_dict())
 
 
+CHANNEL_ROWS = 1000  # channel handles listed one per row in text; beyond, one row per subtask
+
+
 def human_bytes(count: int) -> str:
     size = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -260,19 +263,41 @@ class RichOutput(Output):
         self._show("Operators", columns, rows)
 
     def _channels(self, ops: list[OperatorSummary]) -> None:
-        rows = []
+        """One row per channel handle, or, past ``CHANNEL_ROWS`` of them (a job at parallelism p
+        has up to p² per exchange), one row per subtask and direction (``--json`` lists each)."""
+        rows: Optional[list] = []
+        per_subtask = []
+        count = 0
         for o in ops:
             for s in o.subtasks:
+                sums: dict[str, list] = {}
                 for ch in s.channels:
+                    count += 1
+                    acc = sums.setdefault(ch.direction, [0, 0, 0, set()])
+                    acc[0] += 1
+                    acc[1] += ch.buffers
+                    acc[2] += ch.bytes
+                    acc[3].add(ch.file.rsplit("/", 1)[-1] if ch.file else "inline")
+                    if rows is None:
+                        continue
+                    if count > CHANNEL_ROWS:
+                        rows = None
+                        continue
                     if ch.direction == INPUT:
                         where = f"gate {ch.info[0]}, channel {ch.info[1]}"
                     else:
                         where = f"partition {ch.info[0]}, subpartition {ch.info[1]}"
                     file = ch.file.rsplit("/", 1)[-1] if ch.file else "inline"
                     rows.append([o.label, str(s.index), ch.direction, where, str(ch.buffers), human_bytes(ch.bytes), file])
+                for direction, (channels, buffers, size, names) in sums.items():
+                    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                    per_subtask.append([o.label, str(s.index), direction, str(channels), str(buffers), human_bytes(size), shown])
         if rows:
             columns = ["operator", "subtask", "direction", "channel", "buffers", "bytes", "file"]
             self._show("Channel state per subtask and channel", columns, rows)
+        elif per_subtask:
+            columns = ["operator", "subtask", "direction", "channels", "buffers", "bytes", "files"]
+            self._show(f"Channel state per subtask ({count} channels; --json lists each)", columns, per_subtask)
 
     def _changelog(self, ops: list[OperatorSummary]) -> None:
         rows = []
