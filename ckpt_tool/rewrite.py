@@ -443,7 +443,7 @@ def _dropped_report(exchanges, source: Checkpoint, engine: Engine) -> list[Dropp
             scan.exchange.downstream_id,
             metadata.exchange_label(scan.exchange.upstream_id, scan.exchange.downstream_id),
             scan.exchange.gate,
-            sum(c.input_buffers + c.output_buffers for c in scan.channels),
+            scan.total("input_buffers") + scan.total("output_buffers"),
             scan.total("bytes"),
             scan.total("records"),
             scan.total("watermarks"),

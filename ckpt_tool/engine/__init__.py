@@ -149,6 +149,26 @@ class Engine:
         results = self._map(_Batch(_Guarded(function)), [[items[i] for i in b] for b in batches], report)
         return _raise_task_errors([result for batch in results for result in batch])
 
+    def map_batches(self, function, items: list, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+        """``function`` of every batch of items (a list of consecutive items, planned as ``map``
+        plans them from ``sizes``): one result per batch, in order. For work done over a whole
+        batch at once (one pass over many channels), where ``map`` would cost a call per item."""
+        items = list(items)
+        if not items:
+            return []
+        sizes = [1] * len(items) if sizes is None else list(sizes)
+        batches = plan_batches(sizes, batch_budget(sum(sizes), self.slots()))
+        weights = [sum(sizes[i] for i in b) for b in batches]
+        report = None
+        if progress:
+            total, done = sum(weights), [0]
+
+            def report(batch: int) -> None:
+                done[0] += weights[batch]
+                progress(done[0], total)
+
+        return _raise_task_errors(self._map(_Guarded(function), [[items[i] for i in b] for b in batches], report))
+
     def slots(self) -> int:
         """How many tasks run at once."""
         return 1

@@ -50,6 +50,60 @@ static PyObject *frame(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", starts, end);
 }
 
+/* frame_segments(data, bounds) -> (starts, ends): frame() of each segment data[bounds[i]:bounds[i+1]]
+ * (bounds: n+1 ascending int64s inside data), in one pass: the offsets (in data) of every whole
+ * record's length field of every segment, as native int64 bytes, and per segment where its first
+ * incomplete record begins (n int64s). Several channels read together are framed channel by channel. */
+static PyObject *frame_segments(PyObject *self, PyObject *args) {
+    Py_buffer data, bounds;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &bounds)) return NULL;
+    PyObject *starts = NULL, *ends = NULL, *result = NULL;
+    const unsigned char *bytes = data.buf;
+    const int64_t *at = bounds.buf;
+    Py_ssize_t segments = bounds.len / (Py_ssize_t)sizeof(int64_t) - 1, count = 0;
+    if (segments < 0) segments = 0;
+    for (Py_ssize_t s = 0; s <= segments && segments > 0; s++) {
+        if (at[s] < 0 || at[s] > data.len || (s > 0 && at[s] < at[s - 1])) {
+            PyErr_SetString(PyExc_ValueError, "segment bounds outside the data");
+            goto done;
+        }
+    }
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        Py_ssize_t pos = at[s], size = at[s + 1];
+        while (pos + 4 <= size) {
+            int32_t length = read_length(bytes + pos);
+            if (length < 0) {
+                PyErr_Format(PyExc_ValueError, "negative record length %d at byte %zd of a channel", length, pos - at[s]);
+                goto done;
+            }
+            if (pos + 4 + (Py_ssize_t)length > size) break;
+            pos += 4 + (Py_ssize_t)length;
+            count++;
+        }
+    }
+    starts = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    ends = PyBytes_FromStringAndSize(NULL, segments * (Py_ssize_t)sizeof(int64_t));
+    if (starts == NULL || ends == NULL) goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(starts), *end_out = (int64_t *)PyBytes_AS_STRING(ends);
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        Py_ssize_t pos = at[s], size = at[s + 1];
+        while (pos + 4 <= size) {
+            Py_ssize_t next = pos + 4 + (Py_ssize_t)read_length(bytes + pos);
+            if (next > size) break;
+            *out++ = pos;
+            pos = next;
+        }
+        end_out[s] = pos;
+    }
+    result = Py_BuildValue("(OO)", starts, ends);
+done:
+    Py_XDECREF(starts);
+    Py_XDECREF(ends);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&bounds);
+    return result;
+}
+
 /* gather(data, starts, ends) -> bytes: data[starts[i]:ends[i]] for every i, concatenated;
  * starts and ends are int64 buffers of equal length, each range inside data. */
 static PyObject *gather(PyObject *self, PyObject *args) {
@@ -172,6 +226,7 @@ static PyMethodDef methods[] = {
     {"payloads", payloads, METH_VARARGS, "The payloads of the buffers at the offsets, concatenated."},
     {"lengths", lengths, METH_VARARGS, "The payload lengths of the buffers at the offsets (int64s)."},
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
+    {"frame_segments", frame_segments, METH_VARARGS, "frame() of each segment between the bounds, in one pass."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
     {NULL, NULL, 0, NULL},
 };

@@ -42,6 +42,21 @@ def frame(data: Any) -> tuple[bytes, int]:
     return np.asarray(starts, dtype=np.int64).tobytes(), pos
 
 
+def frame_segments(data: Any, bounds: Any) -> tuple[bytes, bytes]:
+    """``frame`` of each segment data[bounds[i]:bounds[i+1]]: the offsets (in data) of every whole
+    record's length field of every segment, and per segment where its first incomplete record begins."""
+    view = _as_bytes(data)
+    at = _int64s(bounds).tolist()
+    if any(b < 0 or b > len(view) for b in at) or any(b < a for a, b in zip(at, at[1:])):
+        raise ValueError("segment bounds outside the data")
+    starts, ends = [], []
+    for first, last in zip(at, at[1:]):
+        found, end = frame(view[first:last])
+        starts.append(np.frombuffer(found, dtype=np.int64) + first)
+        ends.append(first + end)
+    return (np.concatenate(starts).tobytes() if starts else b""), np.asarray(ends, dtype=np.int64).tobytes()
+
+
 def gather(data: Any, starts: Any, ends: Any) -> bytes:
     """data[starts[i]:ends[i]] for every i, concatenated."""
     view = _as_bytes(data)
