@@ -27,7 +27,7 @@ from ckpt_tool.engine.tasks import (
     channel_tasks,
     discard_other_attempts,
     read_back,
-    route_task,
+    route_batch,
     route_tasks,
 )
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
@@ -285,9 +285,13 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
     # journaled before any is created: each task's file, and on Spark each attempt's
     claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
-    routed: list[RoutedFile] = engine.map(
-        lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, [t.size for t in tasks]
-    )
+    routed: list[RoutedFile] = [
+        written
+        for batch in engine.map_batches(
+            lambda batch: route_batch(batch, specs, dst), tasks, session.progress, [t.size for t in tasks]
+        )
+        for written in batch
+    ]
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
     discard_other_attempts(dst, tasks, routed)
     report.warnings = list(engine.warnings)

@@ -37,15 +37,16 @@ from ckpt_tool.flink.channel_state import (
     write_channel_state_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import ByteStreamHandle, SegmentFileHandle
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_channels
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
+from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
 from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.storage import io_for, join
+from ckpt_tool.storage import io_for, is_local, join
 
 
 @dataclass
@@ -65,6 +66,17 @@ class ChannelTask:
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
     tasks = []
     metadata = checkpoint.metadata
+    beneath: dict[Optional[str], Optional[str]] = {None: None}  # by location: its job directory, where local
+
+    def source(handle) -> BufferSource:
+        delegate = handle.delegate
+        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
+        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
+        location = checkpoint.location(delegate)
+        if location not in beneath:  # as BufferSource.of, once per file
+            beneath[location] = checkpoint.job_dir if location is not None and is_local(location) else None
+        return BufferSource(location, inline, segment, list(handle.offsets), beneath[location])
+
     for index, exchange in enumerate(exchanges):
         downstream = metadata.operator(exchange.downstream_id)
         upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
@@ -77,8 +89,8 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
                     channel.downstream_subtask,
                     downstream.max_parallelism,
                     downstream.parallelism,
-                    [BufferSource.of(checkpoint, h) for h in channel.input_handles],
-                    [BufferSource.of(checkpoint, h) for h in channel.output_handles],
+                    [source(h) for h in channel.input_handles],
+                    [source(h) for h in channel.output_handles],
                     sum(h.state_size for h in channel.input_handles) + sum(h.state_size for h in channel.output_handles),
                 )
             )
@@ -344,35 +356,60 @@ def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[Rou
     ]
 
 
-def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
-    """Route the task's records and write its channel-state file under ``dst``."""
+def route_task(task: RouteTask, spec: RouteSpec, dst: str, reader: Optional[ChannelStateReader] = None) -> RoutedFile:
+    """Route the task's records and write its channel-state file under ``dst``. The channels of
+    each upstream subtask are read, framed and routed together (``route_together``); where they
+    hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
+    copies or names the channel and the record that does not fit."""
+    if reader is None:
+        with ChannelStateReader() as own:
+            return route_task(task, spec, dst, own)
     _framing.reuse_memory()
     result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
-    with ChannelStateReader() as reader:
 
-        def pieces():
-            for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
-                channels = list(same_upstream)
-                decoded = [
-                    (t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels
-                ]
-                upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
-                with naming(spec.label):
-                    for target, framed, count in route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism):
-                        records[target] += count
-                        digests.setdefault(target, xxhash.xxh3_128()).update(framed)
-                        yield target, framed
+    def together(channels: list[ChannelTask]) -> Optional[list]:
+        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
+        try:
+            framed = read_channels(reader, channels)
+            if framed.trailing.any():
+                return None
+            check_values(framed.records, spec.exchange, keys)
+            downstreams = np.fromiter((t.downstream_subtask for t in channels), dtype=np.int64, count=len(channels))
+            return route_together(framed, downstreams, spec, keys, result.counters, upstream, old_parallelism)
+        except (CkptError, NotTogether):
+            return None
 
-        writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
+    def one_by_one(channels: list[ChannelTask]):
+        decoded = [(t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels]
+        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
+        with naming(spec.label):
+            yield from route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism)
+
+    def pieces():
+        for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
+            channels = list(same_upstream)
+            routed = together(channels)
+            for target, framed, count in one_by_one(channels) if routed is None else routed:
+                records[target] += count
+                digests.setdefault(target, xxhash.xxh3_128()).update(framed)
+                yield target, framed
+
+    writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
     result.file_size = writer.size
     result.placed = {
         target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
         for target, p in writer.placements.items()
     }
     return result
+
+
+def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
+    """``route_task`` of every task of an engine task, with one reader (each file mapped once)."""
+    with ChannelStateReader() as reader:
+        return [route_task(task, specs[task.exchange_index], dst, reader) for task in tasks]
 
 
 # --- reading back -------------------------------------------------------------------------------
