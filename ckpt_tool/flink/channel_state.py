@@ -77,6 +77,7 @@ class ChannelStateReader:
 
     def __init__(self) -> None:
         self._mapped: dict[str, Any] = {}  # memory maps (or bytes) of files, by URI
+        self._local: dict[str, bool] = {}
 
     def __enter__(self) -> ChannelStateReader:
         return self
@@ -93,6 +94,62 @@ class ChannelStateReader:
         """The payloads of the source's buffers, concatenated: its part of a channel's stream."""
         data, offsets = self._data(source)
         return _payloads(data, offsets, source.where)
+
+    def joined_payloads(self, sources: list[BufferSource]) -> tuple[bytes, np.ndarray]:
+        """``payload`` of every source, concatenated in order, and each one's size in bytes: the
+        sources of one local file are read with one call, however many there are."""
+        groups: dict[Any, list[int]] = {}
+        for index, source in enumerate(sources):
+            location = source.location
+            whole_file = source.inline is None and location is not None and self._is_local(location)
+            groups.setdefault((location, source.segment) if whole_file else index, []).append(index)
+        sizes = np.zeros(len(sources), dtype=np.int64)
+        blobs = []
+        for members in groups.values():
+            first = sources[members[0]]
+            data, _ = self._data(first)
+            offsets = np.fromiter(
+                (o for m in members for o in sources[m].offsets),
+                dtype=np.int64,
+                count=sum(len(sources[m].offsets) for m in members),
+            )
+            if len(offsets) and offsets.min() < len(HEADER):
+                raise CheckpointFormatError(f"{first.where}: buffer offset {offsets.min()} is inside the file header")
+            counts = np.fromiter((len(sources[m].offsets) for m in members), dtype=np.int64, count=len(members))
+            try:
+                blob, found = _framing.payloads_many(data, offsets, counts)
+            except ValueError as exc:
+                raise CheckpointFormatError(f"{first.where}: {exc}") from None
+            sizes[members] = np.frombuffer(found, dtype=np.int64)
+            blobs.append((members, blob))
+        if len(blobs) == 1 and blobs[0][0] == list(range(len(sources))):
+            return blobs[0][1], sizes
+        joined = b"".join(blob for _, blob in blobs)
+        starts = np.zeros(len(sources), dtype=np.int64)
+        position = 0
+        for members, blob in blobs:
+            group_sizes = sizes[members]
+            starts[members] = position + np.cumsum(group_sizes) - group_sizes
+            position += len(blob)
+        return _framing.gather(joined, starts, starts + sizes), sizes
+
+    def lengths(self, source: BufferSource) -> np.ndarray:
+        """The payload length of each of the source's buffers (int64s), each buffer checked to lie
+        inside the file, in any order."""
+        data, offsets = self._data(source)
+        at = np.asarray(offsets, dtype=np.int64)
+        if len(at) and (at.min() < len(HEADER) or at.max() + 4 > len(data)):
+            raise CheckpointFormatError(f"{source.where}: a buffer offset is outside the file")
+        raw = np.frombuffer(data, dtype=np.uint8)
+        fields = raw[at[:, None] + np.arange(4)].astype(np.uint32)
+        lengths = fields[:, 0] << 24 | fields[:, 1] << 16 | fields[:, 2] << 8 | fields[:, 3]
+        return lengths.view(np.int32).astype(np.int64)
+
+    def _is_local(self, location: str) -> bool:
+        known = self._local.get(location)
+        if known is None:
+            known = self._local[location] = is_local(location)
+        return known
 
     def payload_and_lengths(self, source: BufferSource) -> tuple[bytes, list[int]]:
         """The payloads concatenated, and each buffer's length."""

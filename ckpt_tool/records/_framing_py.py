@@ -91,6 +91,21 @@ def payloads(data: Any, offsets: Any) -> bytes:
     return b"".join(view[offset + 4 : offset + 4 + length] for offset, length in zip(at.tolist(), lengths))
 
 
+def payloads_many(data: Any, offsets: Any, counts: Any) -> tuple[bytes, bytes]:
+    """``payloads`` of several handles of one file (handle h: the next counts[h] offsets): their
+    payloads concatenated, and each handle's payload bytes (native int64s)."""
+    at, many = _int64s(offsets), _int64s(counts).tolist()
+    if any(c < 0 for c in many) or sum(many) > len(at):
+        raise ValueError("buffer counts do not match the offsets")
+    pieces, sizes, used = [], [], 0
+    for count in many:
+        piece = payloads(data, at[used : used + count].tobytes())
+        pieces.append(piece)
+        sizes.append(len(piece))
+        used += count
+    return b"".join(pieces), np.asarray(sizes, dtype=np.int64).tobytes()
+
+
 def lengths(data: Any, offsets: Any) -> bytes:
     """The checked buffers' payload lengths as native int64s."""
     return np.asarray(_checked_lengths(_as_bytes(data), _int64s(offsets)), dtype=np.int64).tobytes()

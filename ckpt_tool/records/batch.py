@@ -96,9 +96,13 @@ def frame_channels(streams: list[bytes]) -> FramedChannels:
     """``frame_channel`` of each stream, in one C pass and one NumPy pass over all of them. Raises a
     RecordDecodeError where some stream does not frame (``frame_channel`` of each, one by one,
     says which element of which)."""
-    data = b"".join(streams)
     bounds = np.zeros(len(streams) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, streams), dtype=np.int64, count=len(streams)), out=bounds[1:])
+    return frame_joined(b"".join(streams), bounds)
+
+
+def frame_joined(data: bytes, bounds: np.ndarray) -> FramedChannels:
+    """``frame_channels`` of the streams ``data[bounds[k]:bounds[k + 1]]``."""
     try:
         starts_bytes, ends_bytes = _framing.frame_segments(data, bounds)
     except ValueError as exc:
@@ -107,7 +111,7 @@ def frame_channels(streams: list[bytes]) -> FramedChannels:
     last = np.frombuffer(ends_bytes, dtype=np.int64)
     first = np.searchsorted(starts, bounds)  # elements of channel k: first[k]:first[k + 1]
     counts = np.diff(first)
-    channel = np.repeat(np.arange(len(streams)), counts)
+    channel = np.repeat(np.arange(len(bounds) - 1), counts)
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]
     closing = first[1:][counts > 0] - 1  # each channel's last element ends where its framing ended
