@@ -11,7 +11,6 @@ it with the same one-line message and exit code.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
@@ -206,22 +205,29 @@ class LocalEngine(Engine):
             return results
         import multiprocessing
 
-        import cloudpickle  # the task functions are closures, which pickle cannot carry
-
-        apply = functools.partial(_apply_pickled, cloudpickle.dumps(function))
-        with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
-            results = []
-            for index, result in enumerate(pool.imap(apply, batches, chunksize=1)):
-                results.append(result)
-                if progress:
-                    progress(index)
+        # The forked workers inherit the function and the batches: only batch numbers go to them
+        # (pickling every channel's task would cost more than scanning it), and results come back.
+        global _FORKED
+        _FORKED = (function, batches)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
+                results = []
+                for index, result in enumerate(pool.imap(_apply_forked, range(len(batches)), chunksize=1)):
+                    results.append(result)
+                    if progress:
+                        progress(index)
+        finally:
+            _FORKED = None
         return results
 
 
-def _apply_pickled(function: bytes, item):
-    import cloudpickle
+_FORKED: Optional[tuple] = None  # (function, batches) of the map under way, inherited by forked workers
 
-    return cloudpickle.loads(function)(item)
+
+def _apply_forked(index: int):
+    assert _FORKED is not None
+    function, batches = _FORKED
+    return function(batches[index])
 
 
 # The driver's JVM only schedules tasks (records go through Python workers): its C1 compiler
