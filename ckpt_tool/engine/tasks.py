@@ -90,11 +90,15 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
                     downstream.max_parallelism,
                     downstream.parallelism,
                     [source(h) for h in channel.input_handles],
-                    [source(h) for h in channel.output_handles],
-                    sum(h.state_size for h in channel.input_handles) + sum(h.state_size for h in channel.output_handles),
+                    [source(h) for h in channel.output_handles] if channel.output_handles else [],
+                    _state_size(channel.input_handles) + _state_size(channel.output_handles),
                 )
             )
     return tasks
+
+
+def _state_size(handles: list) -> int:
+    return 0 if not handles else handles[0].state_size if len(handles) == 1 else sum(h.state_size for h in handles)
 
 
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
@@ -207,8 +211,8 @@ def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchang
     record_channel = channel[is_record]
     found = np.bincount(record_channel, minlength=count)
     watermarks = np.bincount(channel[records.tags == WATERMARK], minlength=count)
-    upstream = np.fromiter((t.upstream_subtask for t in tasks), dtype=np.int64, count=count)
-    downstream = np.fromiter((t.downstream_subtask for t in tasks), dtype=np.int64, count=count)
+    upstream = np.array([t.upstream_subtask for t in tasks], dtype=np.int64)
+    downstream = np.array([t.downstream_subtask for t in tasks], dtype=np.int64)
     misplaced = np.zeros(count, dtype=np.int64)
     result = ScanColumns.empty()
     if keys is not None and len(record_channel):
@@ -225,8 +229,8 @@ def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchang
         "exchange_index": np.full(count, first.exchange_index, dtype=np.int64),
         "upstream_subtask": upstream,
         "downstream_subtask": downstream,
-        "input_buffers": np.fromiter((sum(len(s.offsets) for s in t.inputs) for t in tasks), dtype=np.int64, count=count),
-        "output_buffers": np.fromiter((sum(len(s.offsets) for s in t.outputs) for t in tasks), dtype=np.int64, count=count),
+        "input_buffers": np.array([_buffers(t.inputs) for t in tasks], dtype=np.int64),
+        "output_buffers": np.array([_buffers(t.outputs) for t in tasks], dtype=np.int64),
         "bytes": np.diff(framed.bounds),
         "records": found.astype(np.int64),
         "watermarks": watermarks.astype(np.int64),
@@ -235,6 +239,10 @@ def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchang
         "misplaced_records": misplaced.astype(np.int64),
     }
     return result
+
+
+def _buffers(sources: list[BufferSource]) -> int:
+    return len(sources[0].offsets) if len(sources) == 1 else sum(len(s.offsets) for s in sources)
 
 
 @dataclass
@@ -363,29 +371,35 @@ def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[Rou
     ]
 
 
-def route_task(task: RouteTask, spec: RouteSpec, dst: str, reader: Optional[ChannelStateReader] = None) -> RoutedFile:
+def route_task(
+    task: RouteTask,
+    spec: RouteSpec,
+    dst: str,
+    reader: Optional[ChannelStateReader] = None,
+    framed: Optional[FramedChannels] = None,
+) -> RoutedFile:
     """Route the task's records and write its channel-state file under ``dst``. The channels of
     each upstream subtask are read, framed and routed together (``route_together``); where they
     hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
     copies or names the channel and the record that does not fit."""
     if reader is None:
         with ChannelStateReader() as own:
-            return route_task(task, spec, dst, own)
+            return route_task(task, spec, dst, own, framed)
     _framing.reuse_memory()
     result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
 
-    def together(channels: list[ChannelTask]) -> Optional[list]:
+    def together(channels: list[ChannelTask], position: int) -> Optional[list]:
         upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
         try:
-            framed = read_channels(reader, channels)
-            if framed.trailing.any():
+            mine = framed.part(position, position + len(channels)) if framed else read_channels(reader, channels)
+            if mine.trailing.any():
                 return None
-            check_values(framed.records, spec.exchange, keys)
-            downstreams = np.fromiter((t.downstream_subtask for t in channels), dtype=np.int64, count=len(channels))
-            return route_together(framed, downstreams, spec, keys, result.counters, upstream, old_parallelism)
+            check_values(mine.records, spec.exchange, keys)
+            downstreams = np.array([t.downstream_subtask for t in channels], dtype=np.int64)
+            return route_together(mine, downstreams, spec, keys, result.counters, upstream, old_parallelism)
         except (CkptError, NotTogether):
             return None
 
@@ -396,9 +410,11 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str, reader: Optional[Chan
             yield from route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism)
 
     def pieces():
+        position = 0
         for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
             channels = list(same_upstream)
-            routed = together(channels)
+            routed = together(channels, position)
+            position += len(channels)
             for target, framed, count in one_by_one(channels) if routed is None else routed:
                 records[target] += count
                 digests.setdefault(target, xxhash.xxh3_128()).update(framed)
@@ -414,9 +430,20 @@ def route_task(task: RouteTask, spec: RouteSpec, dst: str, reader: Optional[Chan
 
 
 def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
-    """``route_task`` of every task of an engine task, with one reader (each file mapped once)."""
+    """``route_task`` of every task of an engine task: the channels of all of them are read first,
+    each file once (``joined_payloads``), so that files shared by the tasks are not opened again
+    and again (a reader keeps at most MAX_OPEN_MAPS open)."""
     with ChannelStateReader() as reader:
-        return [route_task(task, specs[task.exchange_index], dst, reader) for task in tasks]
+        try:  # every file read once, its channels' buffers in one call, then each task routed from memory
+            framed: Optional[FramedChannels] = read_channels(reader, [channel for task in tasks for channel in task.channels])
+        except CkptError:  # each task reads its channels itself, and says which does not read
+            framed = None
+        results, position = [], 0
+        for task in tasks:
+            mine = framed.part(position, position + len(task.channels)) if framed else None
+            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine))
+            position += len(task.channels)
+        return results
 
 
 # --- reading back -------------------------------------------------------------------------------

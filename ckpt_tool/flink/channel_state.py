@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -100,22 +101,22 @@ class ChannelStateReader:
         sources of one local file are read with one call, however many there are."""
         groups: dict[Any, list[int]] = {}
         for index, source in enumerate(sources):
-            location = source.location
-            whole_file = source.inline is None and location is not None and self._is_local(location)
-            groups.setdefault((location, source.segment) if whole_file else index, []).append(index)
+            groups.setdefault((source.location, source.segment) if source.inline is None else index, []).append(index)
+        for key in [k for k in groups if isinstance(k, tuple) and (k[0] is None or not self._is_local(k[0]))]:
+            for index in groups.pop(key):  # an object store's file is read by ranges, source by source
+                groups[index] = [index]
         sizes = np.zeros(len(sources), dtype=np.int64)
         blobs = []
         for members in groups.values():
             first = sources[members[0]]
-            data, _ = self._data(first)
-            offsets = np.fromiter(
-                (o for m in members for o in sources[m].offsets),
-                dtype=np.int64,
-                count=sum(len(sources[m].offsets) for m in members),
-            )
+            data, shifted = self._data(first)  # an object store's offsets are shifted to the span read
+            if len(members) == 1:
+                offsets = np.asarray(shifted, dtype=np.int64)
+            else:
+                offsets = np.array(list(chain.from_iterable([sources[m].offsets for m in members])), dtype=np.int64)
             if len(offsets) and offsets.min() < len(HEADER):
                 raise CheckpointFormatError(f"{first.where}: buffer offset {offsets.min()} is inside the file header")
-            counts = np.fromiter((len(sources[m].offsets) for m in members), dtype=np.int64, count=len(members))
+            counts = np.array([len(sources[m].offsets) for m in members], dtype=np.int64)
             try:
                 blob, found = _framing.payloads_many(data, offsets, counts)
             except ValueError as exc:

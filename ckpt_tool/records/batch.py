@@ -91,6 +91,18 @@ class FramedChannels:
     channel: np.ndarray
     trailing: np.ndarray
 
+    def part(self, start: int, stop: int) -> FramedChannels:
+        """Channels ``start`` to ``stop`` (exclusive), sharing the bytes."""
+        first, last = int(self.first[start]), int(self.first[stop])
+        records = self.records
+        return FramedChannels(
+            ChannelRecords(records.data, records.starts[first:last], records.ends[first:last], records.tags[first:last], 0),
+            self.bounds[start : stop + 1],
+            self.first[start : stop + 1] - first,
+            self.channel[first:last] - start,
+            self.trailing[start:stop],
+        )
+
 
 def frame_channels(streams: list[bytes]) -> FramedChannels:
     """``frame_channel`` of each stream, in one C pass and one NumPy pass over all of them. Raises a
