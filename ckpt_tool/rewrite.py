@@ -341,6 +341,7 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
     expected = {(r.exchange_index, subtask, r.new_channel): placed for r in routed for subtask, placed in r.placed.items()}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
     referenced: dict[tuple, tuple[str, BufferSource]] = {}  # (exchange, subtask, channel) -> file, buffers
+    locations: dict[str, str] = {}  # written files, by name
     for op in metadata.operators:
         for s in op.subtasks:
             for handle in s.channel_handles(INPUT):
@@ -354,8 +355,10 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
                 if key in referenced:
                     problem = f"two handles for subtask {s.index} channel {handle.info}"
                     raise _mismatch(metadata, rescaled[exchange_index], problem)
-                location = join(dst, delegate.relative_path)
-                referenced[key] = (delegate.relative_path, BufferSource(location, None, None, list(handle.offsets)))
+                name = delegate.relative_path
+                if name not in locations:
+                    locations[name] = join(dst, name)
+                referenced[key] = (name, BufferSource(locations[name], None, None, list(handle.offsets)))
     for key in expected.keys() - referenced.keys():
         raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} holds no handle for new channel {key[2]}")
     for key in referenced.keys() - expected.keys():
