@@ -32,7 +32,6 @@ from ckpt_tool.engine.tasks import (
 )
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
-from ckpt_tool.flink.channel_state import BufferSource
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState, RelativeFileHandle, SubtaskState
 from ckpt_tool.planning import RescalePlan
@@ -340,8 +339,7 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
     by_file = {r.file_name: r for r in routed}
     expected = {(r.exchange_index, subtask, r.new_channel): placed for r in routed for subtask, placed in r.placed.items()}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
-    referenced: dict[tuple, tuple[str, BufferSource]] = {}  # (exchange, subtask, channel) -> file, buffers
-    locations: dict[str, str] = {}  # written files, by name
+    referenced: dict[tuple, tuple[str, list[int]]] = {}  # (exchange, subtask, channel) -> file, buffer offsets
     for op in metadata.operators:
         for s in op.subtasks:
             for handle in s.channel_handles(INPUT):
@@ -355,17 +353,14 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
                 if key in referenced:
                     problem = f"two handles for subtask {s.index} channel {handle.info}"
                     raise _mismatch(metadata, rescaled[exchange_index], problem)
-                name = delegate.relative_path
-                if name not in locations:
-                    locations[name] = join(dst, name)
-                referenced[key] = (name, BufferSource(locations[name], None, None, list(handle.offsets)))
+                referenced[key] = (delegate.relative_path, handle.offsets)
     for key in expected.keys() - referenced.keys():
         raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} holds no handle for new channel {key[2]}")
     for key in referenced.keys() - expected.keys():
         raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} references channel {key[2]}, which was not routed")
     handles: dict[str, list] = defaultdict(list)
-    for key, (name, source) in sorted(referenced.items()):
-        handles[name].append((key, source.offsets))
+    for key, (name, offsets) in sorted(referenced.items()):
+        handles[name].append((key, list(offsets)))
     tasks = [ReadBackTask(name, join(dst, name), by_file[name].file_size, items) for name, items in sorted(handles.items())]
     read: dict[tuple, ReadBack] = {}
     for name, problem, backs in session.engine.map(read_back, tasks, sizes=[t.size for t in tasks]):

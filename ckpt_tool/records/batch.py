@@ -326,7 +326,8 @@ def _fits(layout: _Layout, data: bytes, starts: np.ndarray, ends: np.ndarray) ->
     chars = np.minimum(chars, ends)
     empty = chars == ends
     endings = ends - chars
-    high = np.flatnonzero(raw >= 0x80)
+    low, top = (int(chars.min()), int(ends.max())) if len(ends) else (0, 0)  # only the values' bytes (data may be a batch's)
+    high = np.flatnonzero(raw[low:top] >= 0x80) + low
     if len(high):
         endings -= np.searchsorted(high, ends) - np.searchsorted(high, chars)
     whole = empty | (byte(ends - 1) < 0x80)
