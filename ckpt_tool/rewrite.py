@@ -237,12 +237,23 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     """The rewrite under ``claim`` on ``dst``; a dry run (no claim) writes nothing."""
     dry_run = claim is None
     source = session.checkpoint
-    metadata = copy.deepcopy(source.metadata)
     report = RescaleReport(dry_run)
     rescaled = [plan.exchanges[i] for i in plan.rescaled]
     replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
     rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
+    # The channel handles of the replaced exchanges are not copied (the copy drops them below, and
+    # nothing changes them): copying a handle per channel cost more than routing its records.
+    not_copied: dict[int, object] = {}
+    for op in source.metadata.operators:
+        for s in op.subtasks:
+            for h in s.channel_handles(INPUT):
+                if (op.id_hex, h.info[0]) in rescaled_inputs:
+                    not_copied[id(h)] = h
+            for h in s.channel_handles(OUTPUT):
+                if (op.id_hex, h.info[0]) in rescaled_outputs:
+                    not_copied[id(h)] = h
+    metadata = copy.deepcopy(source.metadata, not_copied)
 
     # state first (the driver's work, while Spark may still be starting), then in-flight records
     files: dict[str, bytes] = {}
