@@ -280,7 +280,7 @@ class ChannelStateWriter:
 
     def add(self, target: int, stream: bytes) -> Iterator[np.ndarray]:
         pending = self._pending.pop(target, b"")
-        stream = pending + stream if pending else stream
+        stream = b"".join((pending, stream)) if len(pending) else stream  # bytes or views
         full = len(stream) // self.buffer_size
         if full:
             yield self._buffers(target, stream, full, self.buffer_size)

@@ -163,7 +163,7 @@ def route_together(
     counters: RouteCounters,
     upstream: int = 0,
     old_parallelism: int = 1,
-) -> list[tuple[int, bytes, int]]:
+) -> list[tuple[int, memoryview, int]]:
     """``route_upstream`` of the framed channels of upstream subtask ``upstream`` (old downstream
     subtask of channel k: ``downstreams[k]``; no channel holds a cut record), with one NumPy pass
     over all their records and one copy of their bytes: the same pieces (new downstream subtask,
@@ -197,7 +197,7 @@ def route_together(
     order = chosen[np.argsort(channel[chosen] * spec.new_downstream_parallelism + targets[chosen], kind="stable")]
     if not len(order):
         return []
-    data = _framing.gather(records.data, records.starts[order], records.ends[order])
+    data = memoryview(_framing.gather(records.data, records.starts[order], records.ends[order]))
     piece_key = channel[order] * spec.new_downstream_parallelism + targets[order]
     cuts = np.flatnonzero(piece_key[1:] != piece_key[:-1]) + 1
     firsts = np.concatenate([[0], cuts])
