@@ -5,14 +5,18 @@ needs neither the metadata nor the driver. Its function reads through the one ch
 reader, computes with the records layer, writes through the one channel-state writer, and
 returns small figures.
 
-Engines run these in batches of a bounded byte budget (``Engine.map`` with sizes), so that the
-number of engine tasks follows the bytes, not the number of channels.
+Engines run these in batches of a bounded byte budget (``Engine.map``/``map_batches`` with
+sizes), so that the number of engine tasks follows the bytes, not the number of channels; and
+the work of a batch follows its bytes too: its channels are read with one call per file, framed in
+one C pass and computed on with one NumPy pass (``read_channels``), falling back to the channel
+by channel path only where that fails, which then names the channel and the element.
 
-- ``scan_channel``: one logical channel u -> d of an exchange; its figures.
+- ``scan_batch``: the logical channels u -> d of a batch; their figures, as columns
+  (``scan_channel``: one channel, for digests of suspect records and the errors).
 - ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
   with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
   subtask (a handle's buffers may lie anywhere in its file). No record crosses tasks, so there
-  is no shuffle, and a task holds one upstream subtask's channels at a time.
+  is no shuffle. ``route_batch`` reads the channels of all the route tasks of a batch first.
 - ``read_back``: a written file, read through the new metadata's handles: each handle's records
   counted and digested, and every byte of the file referenced exactly once.
 """
