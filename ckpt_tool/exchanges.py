@@ -8,19 +8,22 @@ needs none.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Optional
 
+import numpy as np
+
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import Junction, channel_tasks, junction, scan_channel
+from ckpt_tool.engine.tasks import Junction, channel_tasks, junction, scan_batch, scan_channel
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.scan import ChannelScan, suspect_key_groups
+from ckpt_tool.records.scan import ChannelScan, ScanColumns, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
@@ -30,13 +33,15 @@ Holders = dict[tuple[int, int, bytes], set[int]]
 
 @dataclass
 class ExchangeScan:
-    """One exchange's in-flight records: per logical channel and in total."""
+    """One exchange's in-flight records: per logical channel (columns, in (upstream, downstream)
+    order) and in total."""
 
     exchange: Exchange
-    channels: list[ChannelScan]
+    figures: ScanColumns
     duplicate_records: int
     subtask_key_groups: list[range]  # of the downstream subtasks
     problem: Optional[str] = None  # why its records could not be read, if so
+    histogram: Optional[np.ndarray] = None  # records per key group, when keyed
 
     @property
     def keyed(self) -> bool:
@@ -46,19 +51,39 @@ class ExchangeScan:
     def partitioner(self) -> Optional[str]:
         return self.exchange.partitioner or ("HASH" if self.keyed else None)
 
+    @functools.cached_property
+    def channels(self) -> list[ChannelScan]:
+        return self.figures.scans()
+
+    def column(self, figure: str) -> np.ndarray:
+        return self.figures.columns[figure]
+
     def total(self, figure: str) -> int:
-        return sum(getattr(c, figure) for c in self.channels)
+        return int(self.figures.columns[figure].sum())
 
     @property
     def key_group_histogram(self) -> Counter:
-        histogram: Counter = Counter()
-        for channel in self.channels:
-            histogram.update(channel.key_groups)
-        return histogram
+        if self.histogram is None:
+            return Counter()
+        found = np.flatnonzero(self.histogram)
+        return Counter(dict(zip(found.tolist(), self.histogram[found].tolist())))
 
     def as_dict(self) -> dict:
         exchange, keyed = self.exchange, self.keyed
         histogram = self.key_group_histogram
+        columns = [
+            "upstream_subtask",
+            "downstream_subtask",
+            "input_buffers",
+            "output_buffers",
+            "bytes",
+            "records",
+            "watermarks",
+            "other_elements",
+            "trailing_bytes",
+            "misplaced_records",
+        ]
+        rows = zip(*(self.figures.columns[name].tolist() for name in columns))
         return {
             "upstream": exchange.upstream_id,
             "downstream": exchange.downstream_id,
@@ -80,18 +105,18 @@ class ExchangeScan:
             "problem": self.problem,
             "channels": [
                 {
-                    "upstream_subtask": c.upstream_subtask,
-                    "downstream_subtask": c.downstream_subtask,
-                    "input_buffers": c.input_buffers,
-                    "output_buffers": c.output_buffers,
-                    "bytes": c.bytes,
-                    "records": c.records,
-                    "watermarks": c.watermarks,
-                    "other_elements": c.other_elements,
-                    "partial_bytes": c.trailing_bytes,
-                    "misplaced_records": c.misplaced_records if keyed else None,
+                    "upstream_subtask": u,
+                    "downstream_subtask": d,
+                    "input_buffers": i,
+                    "output_buffers": o,
+                    "bytes": b,
+                    "records": r,
+                    "watermarks": w,
+                    "other_elements": e,
+                    "partial_bytes": t,
+                    "misplaced_records": m if keyed else None,
                 }
-                for c in self.channels
+                for u, d, i, o, b, r, w, e, t, m in rows
             ],
         }
 
@@ -99,10 +124,13 @@ class ExchangeScan:
 def _scan_with_digests(engine: Engine, tasks, exchanges: list[Exchange], progress: Progress):
     """Channel figures and, per exchange and upstream subtask, the records held by several
     downstream subtasks."""
-    # channels of one downstream subtask together (its input state is one file), in byte-sized batches
+    # channels of one downstream subtask together (its input state is one file), in byte-sized
+    # batches, each scanned in one pass (scan_batch) and returned as columns
     tasks = sorted(tasks, key=lambda t: (t.exchange_index, t.downstream_subtask, t.upstream_subtask))
-    scans = engine.map(lambda task: scan_channel(task, exchanges[task.exchange_index]), tasks, progress, [t.size for t in tasks])
-    suspects = suspect_key_groups(((s.exchange_index, s.upstream_subtask), s.downstream_subtask, s.key_groups) for s in scans)
+    scans = ScanColumns.concatenate(
+        engine.map_batches(lambda batch: scan_batch(batch, exchanges), tasks, progress, [t.size for t in tasks])
+    )
+    suspects = suspects_of_holdings(scans.holdings)
     again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
     holders: Holders = {}
     for s in engine.map(
@@ -123,15 +151,16 @@ def scan_exchanges(
     duplicates: Counter = Counter()
     for (exchange_index, _, _), subtasks in holders.items():
         duplicates[exchange_index] += len(subtasks) - 1
-    by_exchange = defaultdict(list)
-    for scan in scans:
-        by_exchange[scan.exchange_index].append(scan)
+    columns = scans.columns
+    order = np.lexsort((columns["downstream_subtask"], columns["upstream_subtask"], columns["exchange_index"]))
+    mine = columns["exchange_index"][order]
     return [
         ExchangeScan(
             exchange,
-            sorted(by_exchange[index], key=lambda s: (s.upstream_subtask, s.downstream_subtask)),
+            scans.select(order[mine == index]),
             duplicates[index],
             _key_group_ranges(checkpoint, exchange),
+            histogram=scans.histograms.get(index, np.zeros(0, dtype=np.int64)) if exchange.keyed else None,
         )
         for index, exchange in enumerate(exchanges)
     ]
@@ -152,7 +181,7 @@ def scan_each_exchange(
         try:
             result += scan_exchanges(checkpoint, [exchange], engine, progress)
         except CkptError as exc:
-            result.append(ExchangeScan(exchange, [], 0, _key_group_ranges(checkpoint, exchange), str(exc)))
+            result.append(ExchangeScan(exchange, ScanColumns.empty(), 0, _key_group_ranges(checkpoint, exchange), str(exc)))
     return result
 
 

@@ -11,7 +11,7 @@ hold its handles. Any mismatch stops the run before ``_metadata`` exists (exit c
 
 from __future__ import annotations
 
-import pickle
+import copy
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -27,12 +27,11 @@ from ckpt_tool.engine.tasks import (
     channel_tasks,
     discard_other_attempts,
     read_back,
-    route_task,
+    route_batch,
     route_tasks,
 )
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
-from ckpt_tool.flink.channel_state import BufferSource
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState, RelativeFileHandle, SubtaskState
 from ckpt_tool.planning import RescalePlan
@@ -238,12 +237,23 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     """The rewrite under ``claim`` on ``dst``; a dry run (no claim) writes nothing."""
     dry_run = claim is None
     source = session.checkpoint
-    metadata = pickle.loads(pickle.dumps(source.metadata, pickle.HIGHEST_PROTOCOL))  # a deep copy, 3 x copy.deepcopy's speed
     report = RescaleReport(dry_run)
     rescaled = [plan.exchanges[i] for i in plan.rescaled]
     replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
     rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
+    # The channel handles of the replaced exchanges are not copied (the copy drops them below, and
+    # nothing changes them): copying a handle per channel cost more than routing its records.
+    not_copied: dict[int, object] = {}
+    for op in source.metadata.operators:
+        for s in op.subtasks:
+            for h in s.channel_handles(INPUT):
+                if (op.id_hex, h.info[0]) in rescaled_inputs:
+                    not_copied[id(h)] = h
+            for h in s.channel_handles(OUTPUT):
+                if (op.id_hex, h.info[0]) in rescaled_outputs:
+                    not_copied[id(h)] = h
+    metadata = copy.deepcopy(source.metadata, not_copied)
 
     # state first (the driver's work, while Spark may still be starting), then in-flight records
     files: dict[str, bytes] = {}
@@ -285,9 +295,13 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
     # journaled before any is created: each task's file, and on Spark each attempt's
     claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
-    routed: list[RoutedFile] = engine.map(
-        lambda task: route_task(task, specs[task.exchange_index], dst), tasks, session.progress, [t.size for t in tasks]
-    )
+    routed: list[RoutedFile] = [
+        written
+        for batch in engine.map_batches(
+            lambda batch: route_batch(batch, specs, dst), tasks, session.progress, [t.size for t in tasks]
+        )
+        for written in batch
+    ]
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
     discard_other_attempts(dst, tasks, routed)
     report.warnings = list(engine.warnings)
@@ -336,7 +350,7 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
     by_file = {r.file_name: r for r in routed}
     expected = {(r.exchange_index, subtask, r.new_channel): placed for r in routed for subtask, placed in r.placed.items()}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
-    referenced: dict[tuple, tuple[str, BufferSource]] = {}  # (exchange, subtask, channel) -> file, buffers
+    referenced: dict[tuple, tuple[str, list[int]]] = {}  # (exchange, subtask, channel) -> file, buffer offsets
     for op in metadata.operators:
         for s in op.subtasks:
             for handle in s.channel_handles(INPUT):
@@ -350,15 +364,14 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
                 if key in referenced:
                     problem = f"two handles for subtask {s.index} channel {handle.info}"
                     raise _mismatch(metadata, rescaled[exchange_index], problem)
-                location = join(dst, delegate.relative_path)
-                referenced[key] = (delegate.relative_path, BufferSource(location, None, None, list(handle.offsets)))
+                referenced[key] = (delegate.relative_path, handle.offsets)
     for key in expected.keys() - referenced.keys():
         raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} holds no handle for new channel {key[2]}")
     for key in referenced.keys() - expected.keys():
         raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} references channel {key[2]}, which was not routed")
     handles: dict[str, list] = defaultdict(list)
-    for key, (name, source) in sorted(referenced.items()):
-        handles[name].append((key, source.offsets))
+    for key, (name, offsets) in sorted(referenced.items()):
+        handles[name].append((key, list(offsets)))
     tasks = [ReadBackTask(name, join(dst, name), by_file[name].file_size, items) for name, items in sorted(handles.items())]
     read: dict[tuple, ReadBack] = {}
     for name, problem, backs in session.engine.map(read_back, tasks, sizes=[t.size for t in tasks]):
@@ -443,7 +456,7 @@ def _dropped_report(exchanges, source: Checkpoint, engine: Engine) -> list[Dropp
             scan.exchange.downstream_id,
             metadata.exchange_label(scan.exchange.upstream_id, scan.exchange.downstream_id),
             scan.exchange.gate,
-            sum(c.input_buffers + c.output_buffers for c in scan.channels),
+            scan.total("input_buffers") + scan.total("output_buffers"),
             scan.total("bytes"),
             scan.total("records"),
             scan.total("watermarks"),

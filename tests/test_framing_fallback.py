@@ -47,6 +47,8 @@ def test_equal_on_real_flink_channel_state(name):
         same("frame", stream)
         starts = np.frombuffer(_framing.frame(stream)[0], dtype=np.int64)
         same("gather", stream, starts, starts + 4)
+        same("frame_segments", stream, int64s([0, len(stream) // 2, len(stream)]))
+        same("payloads_many", data, offsets, int64s([len(offsets) // 2, len(offsets) - len(offsets) // 2]))
         same("lengths", data, offsets[::-1].copy())  # out of order: the same error
 
 
@@ -77,4 +79,15 @@ def test_equal_on_generated_streams_and_errors():
         same("payloads", file, picked)
         same("lengths", file, picked)
         same("payloads", file[: rng.randrange(0, len(file) + 1)], int64s(offsets))
+        # several channels framed in one pass, several handles of one file read in one call
+        streams = [chain(rng, rng.randrange(0, 5))[: rng.randrange(0, 200)] for _ in range(rng.randrange(0, 6))]
+        bounds = int64s(np.cumsum([0] + [len(s) for s in streams]))
+        same("frame_segments", b"".join(streams), bounds)
+        same("frame_segments", b"".join(streams) + struct.pack(">i", -1), np.append(bounds, bounds[-1] + 4))
+        same("frame_segments", b"".join(streams), bounds[::-1].copy())  # out of order: the same error
+        cut_at = rng.randrange(0, len(offsets) + 1)
+        same("payloads_many", file, int64s(offsets), int64s([cut_at, len(offsets) - cut_at]))
+        same("payloads_many", file, int64s(offsets[::-1]), int64s([len(offsets)]))
+        same("payloads_many", file, int64s(offsets), int64s([len(offsets) + 1]))
+        same("payloads_many", file, picked, int64s([len(picked)]))
     assert _framing_py.reuse_memory() is None

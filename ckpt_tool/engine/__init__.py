@@ -11,23 +11,18 @@ it with the same one-line message and exit code.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
 import tempfile
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.storage import STORAGE_ENVIRONMENT
-
-if TYPE_CHECKING:
-    import multiprocessing.pool
 
 Progress = Optional[Callable[[int, int], None]]
 LOCAL_LIMIT_BYTES = 8 * 1024**3  # "auto" runs more in-flight data than this on Spark
@@ -153,6 +148,26 @@ class Engine:
         results = self._map(_Batch(_Guarded(function)), [[items[i] for i in b] for b in batches], report)
         return _raise_task_errors([result for batch in results for result in batch])
 
+    def map_batches(self, function, items: list, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+        """``function`` of every batch of items (a list of consecutive items, planned as ``map``
+        plans them from ``sizes``): one result per batch, in order. For work done over a whole
+        batch at once (one pass over many channels), where ``map`` would cost a call per item."""
+        items = list(items)
+        if not items:
+            return []
+        sizes = [1] * len(items) if sizes is None else list(sizes)
+        batches = plan_batches(sizes, batch_budget(sum(sizes), self.slots()))
+        weights = [sum(sizes[i] for i in b) for b in batches]
+        report = None
+        if progress:
+            total, done = sum(weights), [0]
+
+            def report(batch: int) -> None:
+                done[0] += weights[batch]
+                progress(done[0], total)
+
+        return _raise_task_errors(self._map(_Guarded(function), [[items[i] for i in b] for b in batches], report))
+
     def slots(self) -> int:
         """How many tasks run at once."""
         return 1
@@ -170,28 +185,15 @@ class Engine:
 
 class LocalEngine(Engine):
     """This machine: the tasks run in this process, or with ``workers`` > 1 in that many forked
-    processes (one per core), results in the order of the tasks. Once started (``start``, as a
-    session's engine is before a rescale), the processes are forked at the first map that needs
-    them and serve every later map until ``stop``; otherwise each map forks its own."""
+    processes (one per core), results in the order of the tasks."""
 
     name = "local"
 
     def __init__(self, workers: int = 1):
         self.workers = workers
-        self._keep = False  # started: one pool for every map, until stop()
-        self._pool: Optional[multiprocessing.pool.Pool] = None
 
     def slots(self) -> int:
         return max(1, self.workers)
-
-    def start(self) -> None:
-        self._keep = True
-
-    def stop(self) -> None:
-        pool, self._pool, self._keep = self._pool, None, False
-        if pool is not None:
-            pool.terminate()  # every map has returned: the workers are idle
-            pool.join()
 
     def _map(self, function, batches, progress):
         if self.workers <= 1 or len(batches) <= 1:
@@ -203,32 +205,29 @@ class LocalEngine(Engine):
             return results
         import multiprocessing
 
-        import cloudpickle  # the task functions are closures, which pickle cannot carry
-
-        apply = functools.partial(_apply_pickled, cloudpickle.dumps(function))
-        if self._keep:
-            pool = self._pool
-            if pool is None:
-                pool = self._pool = multiprocessing.get_context("fork").Pool(self.workers)
-                weakref.finalize(self, pool.terminate)  # an engine never stopped leaves no workers
-            return _collect(pool.imap(apply, batches, chunksize=1), progress)
-        with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
-            return _collect(pool.imap(apply, batches, chunksize=1), progress)
-
-
-def _collect(results, progress: Optional[Callable[[int], None]]) -> list:
-    collected = []
-    for index, result in enumerate(results):
-        collected.append(result)
-        if progress:
-            progress(index)
-    return collected
+        # The forked workers inherit the function and the batches: only batch numbers go to them
+        # (pickling every channel's task would cost more than scanning it), and results come back.
+        global _FORKED
+        _FORKED = (function, batches)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
+                results = []
+                for index, result in enumerate(pool.imap(_apply_forked, range(len(batches)), chunksize=1)):
+                    results.append(result)
+                    if progress:
+                        progress(index)
+        finally:
+            _FORKED = None
+        return results
 
 
-def _apply_pickled(function: bytes, item):
-    import cloudpickle
+_FORKED: Optional[tuple] = None  # (function, batches) of the map under way, inherited by forked workers
 
-    return cloudpickle.loads(function)(item)
+
+def _apply_forked(index: int):
+    assert _FORKED is not None
+    function, batches = _FORKED
+    return function(batches[index])
 
 
 # The driver's JVM only schedules tasks (records go through Python workers): its C1 compiler

@@ -5,14 +5,18 @@ needs neither the metadata nor the driver. Its function reads through the one ch
 reader, computes with the records layer, writes through the one channel-state writer, and
 returns small figures.
 
-Engines run these in batches of a bounded byte budget (``Engine.map`` with sizes), so that the
-number of engine tasks follows the bytes, not the number of channels.
+Engines run these in batches of a bounded byte budget (``Engine.map``/``map_batches`` with
+sizes), so that the number of engine tasks follows the bytes, not the number of channels; and
+the work of a batch follows its bytes too: its channels are read with one call per file, framed in
+one C pass and computed on with one NumPy pass (``read_channels``), falling back to the channel
+by channel path only where that fails, which then names the channel and the element.
 
-- ``scan_channel``: one logical channel u -> d of an exchange; its figures.
+- ``scan_batch``: the logical channels u -> d of a batch; their figures, as columns
+  (``scan_channel``: one channel, for digests of suspect records and the errors).
 - ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
   with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
   subtask (a handle's buffers may lie anywhere in its file). No record crosses tasks, so there
-  is no shuffle, and a task holds one upstream subtask's channels at a time.
+  is no shuffle. ``route_batch`` reads the channels of all the route tasks of a batch first.
 - ``read_back``: a written file, read through the new metadata's handles: each handle's records
   counted and digested, and every byte of the file referenced exactly once.
 """
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Optional
 
+import numpy as np
 import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
@@ -36,14 +41,16 @@ from ckpt_tool.flink.channel_state import (
     write_channel_state_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import ByteStreamHandle, SegmentFileHandle
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
-from ckpt_tool.records.batch import ChannelRecords, KeyGroups, Values, frame_channel
+from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
+from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.route import RouteCounters, RouteSpec, route_upstream
-from ckpt_tool.records.scan import ChannelScan, scan_records
+from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
+from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.storage import io_for, join
+from ckpt_tool.storage import io_for, is_local, join
 
 
 @dataclass
@@ -63,6 +70,17 @@ class ChannelTask:
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
     tasks = []
     metadata = checkpoint.metadata
+    beneath: dict[Optional[str], Optional[str]] = {None: None}  # by location: its job directory, where local
+
+    def source(handle) -> BufferSource:
+        delegate = handle.delegate
+        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
+        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
+        location = checkpoint.location(delegate)
+        if location not in beneath:  # as BufferSource.of, once per file
+            beneath[location] = checkpoint.job_dir if location is not None and is_local(location) else None
+        return BufferSource(location, inline, segment, list(handle.offsets), beneath[location])
+
     for index, exchange in enumerate(exchanges):
         downstream = metadata.operator(exchange.downstream_id)
         upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
@@ -75,12 +93,16 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[Cha
                     channel.downstream_subtask,
                     downstream.max_parallelism,
                     downstream.parallelism,
-                    [BufferSource.of(checkpoint, h) for h in channel.input_handles],
-                    [BufferSource.of(checkpoint, h) for h in channel.output_handles],
-                    sum(h.state_size for h in channel.input_handles) + sum(h.state_size for h in channel.output_handles),
+                    [source(h) for h in channel.input_handles],
+                    [source(h) for h in channel.output_handles] if channel.output_handles else [],
+                    _state_size(channel.input_handles) + _state_size(channel.output_handles),
                 )
             )
     return tasks
+
+
+def _state_size(handles: list) -> int:
+    return 0 if not handles else handles[0].state_size if len(handles) == 1 else sum(h.state_size for h in handles)
 
 
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
@@ -127,10 +149,15 @@ def check_values(records: ChannelRecords, exchange: Exchange, keys: Optional[Key
         Values(exchange).check(records, records.is_record)
 
 
-def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset()) -> ChannelScan:
+def scan_channel(
+    task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset(), reader: Optional[ChannelStateReader] = None
+) -> ChannelScan:
     """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
     _framing.reuse_memory()
-    with ChannelStateReader() as reader:
+    if reader is None:
+        with ChannelStateReader() as own:
+            records = read_channel(own, task)
+    else:
         records = read_channel(reader, task)
     scan = ChannelScan(
         task.exchange_index,
@@ -144,6 +171,82 @@ def scan_channel(task: ChannelTask, exchange: Exchange, suspects: frozenset = fr
     with naming(f"channel {task.upstream_subtask} -> {task.downstream_subtask}"):
         check_values(records, exchange, keys)
         return scan_records(scan, records, keys, owned, suspects)
+
+
+def scan_batch(tasks: list[ChannelTask], exchanges: list[Exchange]) -> ScanColumns:
+    """``scan_channel`` of every channel of an engine task, as columns: the channels of each
+    exchange are read with one reader (each file mapped once), framed in one pass and scanned
+    with one NumPy pass over all their records. Where that fails (a corrupt channel, a record
+    that does not fit its type), the channels are scanned one by one, which raises the error that
+    names the channel and the element."""
+    _framing.reuse_memory()
+    parts = []
+    with ChannelStateReader() as reader:
+        for _, same in groupby(tasks, key=lambda t: t.exchange_index):
+            group = list(same)
+            exchange = exchanges[group[0].exchange_index]
+            try:
+                parts.append(_scan_together(reader, group, exchange))
+            except CkptError:
+                parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in group]))
+    return ScanColumns.concatenate(parts)
+
+
+def read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> FramedChannels:
+    """The channels' stitched streams, framed together (``frame_channels``)."""
+    sources = [source for task in tasks for source in task.inputs + task.outputs]
+    data, sizes = reader.joined_payloads(sources)
+    per_channel = np.fromiter((len(task.inputs) + len(task.outputs) for task in tasks), dtype=np.int64, count=len(tasks))
+    source_bounds = np.zeros(len(sources) + 1, dtype=np.int64)  # source i: data[source_bounds[i]:source_bounds[i + 1]]
+    np.cumsum(sizes, out=source_bounds[1:])
+    last_source = np.zeros(len(tasks) + 1, dtype=np.int64)
+    np.cumsum(per_channel, out=last_source[1:])
+    bounds = source_bounds[last_source]
+    return frame_joined(data, bounds)
+
+
+def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchange: Exchange) -> ScanColumns:
+    framed = read_channels(reader, tasks)
+    records, channel, count = framed.records, framed.channel, len(tasks)
+    first = tasks[0]
+    keys = key_groups_of(exchange, first.max_parallelism)
+    check_values(records, exchange, keys)
+    is_record = records.is_record
+    record_channel = channel[is_record]
+    found = np.bincount(record_channel, minlength=count)
+    watermarks = np.bincount(channel[records.tags == WATERMARK], minlength=count)
+    upstream = np.array([t.upstream_subtask for t in tasks], dtype=np.int64)
+    downstream = np.array([t.downstream_subtask for t in tasks], dtype=np.int64)
+    misplaced = np.zeros(count, dtype=np.int64)
+    result = ScanColumns.empty()
+    if keys is not None and len(record_channel):
+        groups = keys.of(records, is_record).astype(np.int64)
+        max_parallelism, parallelism = first.max_parallelism, first.parallelism
+        held_by = downstream[record_channel]
+        start = (held_by * max_parallelism + parallelism - 1) // parallelism  # key_group_range, vectorised
+        stop = ((held_by + 1) * max_parallelism - 1) // parallelism + 1
+        misplaced = np.bincount(record_channel[(groups < start) | (groups >= stop)], minlength=count)
+        result.histograms[first.exchange_index] = np.bincount(groups, minlength=max_parallelism).astype(np.int64)
+        held, group = np.divmod(np.unique(record_channel * max_parallelism + groups), max_parallelism)
+        result.holdings = np.stack([np.full(len(held), first.exchange_index), upstream[held], downstream[held], group], axis=1)
+    result.columns = {
+        "exchange_index": np.full(count, first.exchange_index, dtype=np.int64),
+        "upstream_subtask": upstream,
+        "downstream_subtask": downstream,
+        "input_buffers": np.array([_buffers(t.inputs) for t in tasks], dtype=np.int64),
+        "output_buffers": np.array([_buffers(t.outputs) for t in tasks], dtype=np.int64),
+        "bytes": np.diff(framed.bounds),
+        "records": found.astype(np.int64),
+        "watermarks": watermarks.astype(np.int64),
+        "other_elements": (np.bincount(channel, minlength=count) - found - watermarks).astype(np.int64),
+        "trailing_bytes": framed.trailing.astype(np.int64),
+        "misplaced_records": misplaced.astype(np.int64),
+    }
+    return result
+
+
+def _buffers(sources: list[BufferSource]) -> int:
+    return len(sources[0].offsets) if len(sources) == 1 else sum(len(s.offsets) for s in sources)
 
 
 @dataclass
@@ -272,35 +375,79 @@ def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[Rou
     ]
 
 
-def route_task(task: RouteTask, spec: RouteSpec, dst: str) -> RoutedFile:
-    """Route the task's records and write its channel-state file under ``dst``."""
+def route_task(
+    task: RouteTask,
+    spec: RouteSpec,
+    dst: str,
+    reader: Optional[ChannelStateReader] = None,
+    framed: Optional[FramedChannels] = None,
+) -> RoutedFile:
+    """Route the task's records and write its channel-state file under ``dst``. The channels of
+    each upstream subtask are read, framed and routed together (``route_together``); where they
+    hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
+    copies or names the channel and the record that does not fit."""
+    if reader is None:
+        with ChannelStateReader() as own:
+            return route_task(task, spec, dst, own, framed)
     _framing.reuse_memory()
     result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
-    with ChannelStateReader() as reader:
 
-        def pieces():
-            for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
-                channels = list(same_upstream)
-                decoded = [
-                    (t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels
-                ]
-                upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
-                with naming(spec.label):
-                    for target, framed, count in route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism):
-                        records[target] += count
-                        digests.setdefault(target, xxhash.xxh3_128()).update(framed)
-                        yield target, framed
+    def together(channels: list[ChannelTask], position: int) -> Optional[list]:
+        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
+        try:
+            mine = framed.part(position, position + len(channels)) if framed else read_channels(reader, channels)
+            if mine.trailing.any():
+                return None
+            check_values(mine.records, spec.exchange, keys)
+            downstreams = np.array([t.downstream_subtask for t in channels], dtype=np.int64)
+            return route_together(mine, downstreams, spec, keys, result.counters, upstream, old_parallelism)
+        except (CkptError, NotTogether):
+            return None
 
-        writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
+    def one_by_one(channels: list[ChannelTask]):
+        decoded = [(t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels]
+        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
+        with naming(spec.label):
+            yield from route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism)
+
+    def pieces():
+        position = 0
+        for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
+            channels = list(same_upstream)
+            routed = together(channels, position)
+            position += len(channels)
+            for target, framed, count in one_by_one(channels) if routed is None else routed:
+                records[target] += count
+                digests.setdefault(target, xxhash.xxh3_128()).update(framed)
+                yield target, framed
+
+    writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
     result.file_size = writer.size
     result.placed = {
         target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
         for target, p in writer.placements.items()
     }
     return result
+
+
+def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
+    """``route_task`` of every task of an engine task: the channels of all of them are read first,
+    each file once (``joined_payloads``), so that files shared by the tasks are not opened again
+    and again (a reader keeps at most MAX_OPEN_MAPS open)."""
+    with ChannelStateReader() as reader:
+        try:  # every file read once, its channels' buffers in one call, then each task routed from memory
+            framed: Optional[FramedChannels] = read_channels(reader, [channel for task in tasks for channel in task.channels])
+        except CkptError:  # each task reads its channels itself, and says which does not read
+            framed = None
+        results, position = [], 0
+        for task in tasks:
+            mine = framed.part(position, position + len(task.channels)) if framed else None
+            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine))
+            position += len(task.channels)
+        return results
 
 
 # --- reading back -------------------------------------------------------------------------------
@@ -328,7 +475,47 @@ class ReadBackTask:
 
 def read_back(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
     """Read a written file's handles as Flink will: count and digest each handle's records, and
-    check that its buffers and nothing else fill the file. Returns (name, problem, read-backs)."""
+    check that its buffers and nothing else fill the file. Returns (name, problem, read-backs).
+    All handles are read and framed in one pass; where that fails, handle by handle (which says
+    where)."""
+    try:
+        return _read_back_together(task)
+    except CkptError:
+        return _read_back_one_by_one(task)
+
+
+def _read_back_together(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
+    with ChannelStateReader() as reader:
+        sources = [BufferSource(task.location, None, None, offsets) for _, offsets in task.handles]
+        data, sizes = reader.joined_payloads(sources)
+        everything = BufferSource(task.location, None, None, [o for _, offsets in task.handles for o in offsets])
+        lengths = reader.lengths(everything)
+    bounds = np.zeros(len(sources) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    framed = frame_joined(data, bounds)
+    counts = np.bincount(framed.channel[framed.records.is_record], minlength=len(sources)).tolist()
+    view = memoryview(data)
+    backs = [
+        ReadBack(key, count, xxhash.xxh3_128(view[start : end - trailing]).digest(), trailing)
+        for (key, _), count, start, end, trailing in zip(
+            task.handles, counts, bounds[:-1].tolist(), bounds[1:].tolist(), framed.trailing.tolist()
+        )
+    ]
+    offsets = np.asarray(everything.offsets, dtype=np.int64)
+    order = np.argsort(offsets, kind="stable")
+    starts, extents = offsets[order], 4 + lengths[order]
+    expected = np.concatenate([[len(HEADER)], starts + extents]).astype(np.int64)
+    wrong = np.flatnonzero(starts != expected[:-1])
+    if len(wrong):
+        offset, position = int(starts[wrong[0]]), int(expected[wrong[0]])
+        what = "referenced twice" if offset < position else "not referenced by any handle"
+        return task.name, f"bytes {min(offset, position)} to {max(offset, position)} are {what}", backs
+    if int(expected[-1]) != task.size:
+        return task.name, f"bytes {int(expected[-1])} to {task.size} are not referenced by any handle", backs
+    return task.name, None, backs
+
+
+def _read_back_one_by_one(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
     backs, extents = [], []
     with ChannelStateReader() as reader:
         for key, offsets in task.handles:

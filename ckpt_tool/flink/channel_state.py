@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -77,6 +78,7 @@ class ChannelStateReader:
 
     def __init__(self) -> None:
         self._mapped: dict[str, Any] = {}  # memory maps (or bytes) of files, by URI
+        self._local: dict[str, bool] = {}
 
     def __enter__(self) -> ChannelStateReader:
         return self
@@ -93,6 +95,62 @@ class ChannelStateReader:
         """The payloads of the source's buffers, concatenated: its part of a channel's stream."""
         data, offsets = self._data(source)
         return _payloads(data, offsets, source.where)
+
+    def joined_payloads(self, sources: list[BufferSource]) -> tuple[bytes, np.ndarray]:
+        """``payload`` of every source, concatenated in order, and each one's size in bytes: the
+        sources of one local file are read with one call, however many there are."""
+        groups: dict[Any, list[int]] = {}
+        for index, source in enumerate(sources):
+            groups.setdefault((source.location, source.segment) if source.inline is None else index, []).append(index)
+        for key in [k for k in groups if isinstance(k, tuple) and (k[0] is None or not self._is_local(k[0]))]:
+            for index in groups.pop(key):  # an object store's file is read by ranges, source by source
+                groups[index] = [index]
+        sizes = np.zeros(len(sources), dtype=np.int64)
+        blobs = []
+        for members in groups.values():
+            first = sources[members[0]]
+            data, shifted = self._data(first)  # an object store's offsets are shifted to the span read
+            if len(members) == 1:
+                offsets = np.asarray(shifted, dtype=np.int64)
+            else:
+                offsets = np.array(list(chain.from_iterable([sources[m].offsets for m in members])), dtype=np.int64)
+            if len(offsets) and offsets.min() < len(HEADER):
+                raise CheckpointFormatError(f"{first.where}: buffer offset {offsets.min()} is inside the file header")
+            counts = np.array([len(sources[m].offsets) for m in members], dtype=np.int64)
+            try:
+                blob, found = _framing.payloads_many(data, offsets, counts)
+            except ValueError as exc:
+                raise CheckpointFormatError(f"{first.where}: {exc}") from None
+            sizes[members] = np.frombuffer(found, dtype=np.int64)
+            blobs.append((members, blob))
+        if len(blobs) == 1 and blobs[0][0] == list(range(len(sources))):
+            return blobs[0][1], sizes
+        joined = b"".join(blob for _, blob in blobs)
+        starts = np.zeros(len(sources), dtype=np.int64)
+        position = 0
+        for members, blob in blobs:
+            group_sizes = sizes[members]
+            starts[members] = position + np.cumsum(group_sizes) - group_sizes
+            position += len(blob)
+        return _framing.gather(joined, starts, starts + sizes), sizes
+
+    def lengths(self, source: BufferSource) -> np.ndarray:
+        """The payload length of each of the source's buffers (int64s), each buffer checked to lie
+        inside the file, in any order."""
+        data, offsets = self._data(source)
+        at = np.asarray(offsets, dtype=np.int64)
+        if len(at) and (at.min() < len(HEADER) or at.max() + 4 > len(data)):
+            raise CheckpointFormatError(f"{source.where}: a buffer offset is outside the file")
+        raw = np.frombuffer(data, dtype=np.uint8)
+        fields = raw[at[:, None] + np.arange(4)].astype(np.uint32)
+        lengths = fields[:, 0] << 24 | fields[:, 1] << 16 | fields[:, 2] << 8 | fields[:, 3]
+        return lengths.view(np.int32).astype(np.int64)
+
+    def _is_local(self, location: str) -> bool:
+        known = self._local.get(location)
+        if known is None:
+            known = self._local[location] = is_local(location)
+        return known
 
     def payload_and_lengths(self, source: BufferSource) -> tuple[bytes, list[int]]:
         """The payloads concatenated, and each buffer's length."""
@@ -222,7 +280,7 @@ class ChannelStateWriter:
 
     def add(self, target: int, stream: bytes) -> Iterator[np.ndarray]:
         pending = self._pending.pop(target, b"")
-        stream = pending + stream if pending else stream
+        stream = b"".join((pending, stream)) if len(pending) else stream  # bytes or views
         full = len(stream) // self.buffer_size
         if full:
             yield self._buffers(target, stream, full, self.buffer_size)

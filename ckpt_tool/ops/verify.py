@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+import numpy as np
+
 from ckpt_tool.errors import CkptError
 from ckpt_tool.exchanges import MappingError, check_output_mapping, scan_exchanges
 from ckpt_tool.flink.changelog import changelog_handles, read_change_set
@@ -228,7 +230,8 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
         exchange = scan.exchange
         label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
         downstream = metadata.label(exchange.downstream_id)
-        for ch in scan.channels:
+        flagged = (scan.column("trailing_bytes") > 0) | ((scan.column("misplaced_records") > 0) if scan.keyed else False)
+        for ch in scan.figures.select(np.flatnonzero(flagged)).scans():  # only the channels with a problem
             channel = f"{ch.upstream_subtask} -> {ch.downstream_subtask}"
             if ch.trailing_bytes:
                 framing.problems.append(

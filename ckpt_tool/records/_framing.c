@@ -50,6 +50,60 @@ static PyObject *frame(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", starts, end);
 }
 
+/* frame_segments(data, bounds) -> (starts, ends): frame() of each segment data[bounds[i]:bounds[i+1]]
+ * (bounds: n+1 ascending int64s inside data), in one pass: the offsets (in data) of every whole
+ * record's length field of every segment, as native int64 bytes, and per segment where its first
+ * incomplete record begins (n int64s). Several channels read together are framed channel by channel. */
+static PyObject *frame_segments(PyObject *self, PyObject *args) {
+    Py_buffer data, bounds;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &bounds)) return NULL;
+    PyObject *starts = NULL, *ends = NULL, *result = NULL;
+    const unsigned char *bytes = data.buf;
+    const int64_t *at = bounds.buf;
+    Py_ssize_t segments = bounds.len / (Py_ssize_t)sizeof(int64_t) - 1, count = 0;
+    if (segments < 0) segments = 0;
+    for (Py_ssize_t s = 0; s <= segments && segments > 0; s++) {
+        if (at[s] < 0 || at[s] > data.len || (s > 0 && at[s] < at[s - 1])) {
+            PyErr_SetString(PyExc_ValueError, "segment bounds outside the data");
+            goto done;
+        }
+    }
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        Py_ssize_t pos = at[s], size = at[s + 1];
+        while (pos + 4 <= size) {
+            int32_t length = read_length(bytes + pos);
+            if (length < 0) {
+                PyErr_Format(PyExc_ValueError, "negative record length %d at byte %zd of a channel", length, pos - at[s]);
+                goto done;
+            }
+            if (pos + 4 + (Py_ssize_t)length > size) break;
+            pos += 4 + (Py_ssize_t)length;
+            count++;
+        }
+    }
+    starts = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    ends = PyBytes_FromStringAndSize(NULL, segments * (Py_ssize_t)sizeof(int64_t));
+    if (starts == NULL || ends == NULL) goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(starts), *end_out = (int64_t *)PyBytes_AS_STRING(ends);
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        Py_ssize_t pos = at[s], size = at[s + 1];
+        while (pos + 4 <= size) {
+            Py_ssize_t next = pos + 4 + (Py_ssize_t)read_length(bytes + pos);
+            if (next > size) break;
+            *out++ = pos;
+            pos = next;
+        }
+        end_out[s] = pos;
+    }
+    result = Py_BuildValue("(OO)", starts, ends);
+done:
+    Py_XDECREF(starts);
+    Py_XDECREF(ends);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&bounds);
+    return result;
+}
+
 /* gather(data, starts, ends) -> bytes: data[starts[i]:ends[i]] for every i, concatenated;
  * starts and ends are int64 buffers of equal length, each range inside data. */
 static PyObject *gather(PyObject *self, PyObject *args) {
@@ -135,6 +189,48 @@ static PyObject *payloads(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* payloads_many(data, offsets, counts) -> (payloads, sizes): payloads() of several handles of one
+ * file at once: handle h has the next counts[h] offsets, each handle's buffers checked on their own;
+ * their payloads concatenated in handle order, and each handle's payload bytes (int64s). */
+static PyObject *payloads_many(PyObject *self, PyObject *args) {
+    Py_buffer data, offsets, counts;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &offsets, &counts)) return NULL;
+    PyObject *result = NULL, *out = NULL, *sizes = NULL;
+    const int64_t *at = offsets.buf, *many = counts.buf;
+    Py_ssize_t handles = counts.len / (Py_ssize_t)sizeof(int64_t), total = 0, used = 0;
+    Py_ssize_t buffers = offsets.len / (Py_ssize_t)sizeof(int64_t);
+    sizes = PyBytes_FromStringAndSize(NULL, handles * (Py_ssize_t)sizeof(int64_t));
+    if (sizes == NULL) goto done;
+    int64_t *size_out = (int64_t *)PyBytes_AS_STRING(sizes);
+    for (Py_ssize_t h = 0; h < handles; h++) {
+        Py_ssize_t mine;
+        if (many[h] < 0 || used + many[h] > buffers) {
+            PyErr_SetString(PyExc_ValueError, "buffer counts do not match the offsets");
+            goto done;
+        }
+        if (check_buffers(&data, at + used, many[h], &mine) != 0) goto done;
+        size_out[h] = mine;
+        total += mine;
+        used += many[h];
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) goto done;
+    char *write = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < used; i++) {
+        int32_t length = read_length((const unsigned char *)data.buf + at[i]);
+        memcpy(write, (const char *)data.buf + at[i] + 4, (size_t)length);
+        write += length;
+    }
+    result = Py_BuildValue("(OO)", out, sizes);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&counts);
+    return result;
+}
+
 /* lengths(data, offsets) -> bytes: the checked buffers' payload lengths as native int64s, copying
  * no payload (to look at buffers where they lie). */
 static PyObject *lengths(PyObject *self, PyObject *args) {
@@ -170,8 +266,10 @@ static PyObject *reuse_memory(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"reuse_memory", reuse_memory, METH_NOARGS, "Keep freed memory for reuse (glibc's mallopt)."},
     {"payloads", payloads, METH_VARARGS, "The payloads of the buffers at the offsets, concatenated."},
+    {"payloads_many", payloads_many, METH_VARARGS, "payloads() of several handles of one file: their payloads and sizes."},
     {"lengths", lengths, METH_VARARGS, "The payload lengths of the buffers at the offsets (int64s)."},
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
+    {"frame_segments", frame_segments, METH_VARARGS, "frame() of each segment between the bounds, in one pass."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
     {NULL, NULL, 0, NULL},
 };

@@ -42,6 +42,21 @@ def frame(data: Any) -> tuple[bytes, int]:
     return np.asarray(starts, dtype=np.int64).tobytes(), pos
 
 
+def frame_segments(data: Any, bounds: Any) -> tuple[bytes, bytes]:
+    """``frame`` of each segment data[bounds[i]:bounds[i+1]]: the offsets (in data) of every whole
+    record's length field of every segment, and per segment where its first incomplete record begins."""
+    view = _as_bytes(data)
+    at = _int64s(bounds).tolist()
+    if any(b < 0 or b > len(view) for b in at) or any(b < a for a, b in zip(at, at[1:])):
+        raise ValueError("segment bounds outside the data")
+    starts, ends = [], []
+    for first, last in zip(at, at[1:]):
+        found, end = frame(view[first:last])
+        starts.append(np.frombuffer(found, dtype=np.int64) + first)
+        ends.append(first + end)
+    return (np.concatenate(starts).tobytes() if starts else b""), np.asarray(ends, dtype=np.int64).tobytes()
+
+
 def gather(data: Any, starts: Any, ends: Any) -> bytes:
     """data[starts[i]:ends[i]] for every i, concatenated."""
     view = _as_bytes(data)
@@ -74,6 +89,21 @@ def payloads(data: Any, offsets: Any) -> bytes:
     at = _int64s(offsets)
     lengths = _checked_lengths(view, at)
     return b"".join(view[offset + 4 : offset + 4 + length] for offset, length in zip(at.tolist(), lengths))
+
+
+def payloads_many(data: Any, offsets: Any, counts: Any) -> tuple[bytes, bytes]:
+    """``payloads`` of several handles of one file (handle h: the next counts[h] offsets): their
+    payloads concatenated, and each handle's payload bytes (native int64s)."""
+    at, many = _int64s(offsets), _int64s(counts).tolist()
+    if any(c < 0 for c in many) or sum(many) > len(at):
+        raise ValueError("buffer counts do not match the offsets")
+    pieces, sizes, used = [], [], 0
+    for count in many:
+        piece = payloads(data, at[used : used + count].tobytes())
+        pieces.append(piece)
+        sizes.append(len(piece))
+        used += count
+    return b"".join(pieces), np.asarray(sizes, dtype=np.int64).tobytes()
 
 
 def lengths(data: Any, offsets: Any) -> bytes:

@@ -78,6 +78,64 @@ def frame_channel(data: bytes) -> ChannelRecords:
     return ChannelRecords(data, starts, ends, tags, len(data) - end)
 
 
+@dataclass
+class FramedChannels:
+    """Several channels' streams framed together, each on its own (records never cross channels):
+    ``records`` holds every element of every channel (``records.trailing`` is 0), element i
+    belongs to channel ``channel[i]``; channel k is ``records.data[bounds[k]:bounds[k + 1]]``,
+    its elements are ``first[k]:first[k + 1]``, and its last ``trailing[k]`` bytes are a cut record."""
+
+    records: ChannelRecords
+    bounds: np.ndarray
+    first: np.ndarray
+    channel: np.ndarray
+    trailing: np.ndarray
+
+    def part(self, start: int, stop: int) -> FramedChannels:
+        """Channels ``start`` to ``stop`` (exclusive), sharing the bytes."""
+        first, last = int(self.first[start]), int(self.first[stop])
+        records = self.records
+        return FramedChannels(
+            ChannelRecords(records.data, records.starts[first:last], records.ends[first:last], records.tags[first:last], 0),
+            self.bounds[start : stop + 1],
+            self.first[start : stop + 1] - first,
+            self.channel[first:last] - start,
+            self.trailing[start:stop],
+        )
+
+
+def frame_channels(streams: list[bytes]) -> FramedChannels:
+    """``frame_channel`` of each stream, in one C pass and one NumPy pass over all of them. Raises a
+    RecordDecodeError where some stream does not frame (``frame_channel`` of each, one by one,
+    says which element of which)."""
+    bounds = np.zeros(len(streams) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, streams), dtype=np.int64, count=len(streams)), out=bounds[1:])
+    return frame_joined(b"".join(streams), bounds)
+
+
+def frame_joined(data: bytes, bounds: np.ndarray) -> FramedChannels:
+    """``frame_channels`` of the streams ``data[bounds[k]:bounds[k + 1]]``."""
+    try:
+        starts_bytes, ends_bytes = _framing.frame_segments(data, bounds)
+    except ValueError as exc:
+        raise RecordDecodeError(str(exc)) from None
+    starts = np.frombuffer(starts_bytes, dtype=np.int64)
+    last = np.frombuffer(ends_bytes, dtype=np.int64)
+    first = np.searchsorted(starts, bounds)  # elements of channel k: first[k]:first[k + 1]
+    counts = np.diff(first)
+    channel = np.repeat(np.arange(len(bounds) - 1), counts)
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    closing = first[1:][counts > 0] - 1  # each channel's last element ends where its framing ended
+    ends[closing] = last[counts > 0]
+    sizes = ends - starts - 4
+    if (sizes == 0).any():
+        raise _element_error(starts, _first(sizes == 0), "empty stream element")
+    tags = np.frombuffer(data, dtype=np.uint8)[starts + 4] if len(starts) else np.zeros(0, np.uint8)
+    _check_elements(starts, tags, sizes)
+    return FramedChannels(ChannelRecords(data, starts, ends, tags, 0), bounds, first, channel, bounds[1:] - last)
+
+
 def _element_error(starts: np.ndarray, index: int, problem: str) -> RecordDecodeError:
     """``problem`` of element ``index``, named by its position in the channel."""
     return RecordDecodeError(f"stream element {index} (from byte {starts[index]} of the channel): {problem}")
@@ -268,7 +326,8 @@ def _fits(layout: _Layout, data: bytes, starts: np.ndarray, ends: np.ndarray) ->
     chars = np.minimum(chars, ends)
     empty = chars == ends
     endings = ends - chars
-    high = np.flatnonzero(raw >= 0x80)
+    low, top = (int(chars.min()), int(ends.max())) if len(ends) else (0, 0)  # only the values' bytes (data may be a batch's)
+    high = np.flatnonzero(raw[low:top] >= 0x80) + low
     if len(high):
         endings -= np.searchsorted(high, ends) - np.searchsorted(high, chars)
     whole = empty | (byte(ends - 1) < 0x80)

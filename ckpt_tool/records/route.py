@@ -32,7 +32,8 @@ from typing import Optional
 import numpy as np
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.records.batch import ChannelRecords, KeyGroups
+from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import operator_index_for_key_group
 from ckpt_tool.records.scan import suspect_digests, suspect_key_groups
 from ckpt_tool.records.schema import Exchange, SchemaError
@@ -147,3 +148,64 @@ def _refuse_misplaced(channels, groups, copies, spec: RouteSpec, upstream: int, 
             "subtask holding them, with no copy elsewhere and owners changing from one record to the next, "
             "which neither Flink nor a naive rescale nor a moved channel leaves: the key or the record type is not the job's"
         )
+
+
+class NotTogether(Exception):
+    """The channels of an upstream subtask hold copies of records (key groups that several old
+    subtasks hold): ``route_upstream`` handles them channel by channel."""
+
+
+def route_together(
+    framed: FramedChannels,
+    downstreams: np.ndarray,
+    spec: RouteSpec,
+    keys: Optional[KeyGroups],
+    counters: RouteCounters,
+    upstream: int = 0,
+    old_parallelism: int = 1,
+) -> list[tuple[int, memoryview, int]]:
+    """``route_upstream`` of the framed channels of upstream subtask ``upstream`` (old downstream
+    subtask of channel k: ``downstreams[k]``; no channel holds a cut record), with one NumPy pass
+    over all their records and one copy of their bytes: the same pieces (new downstream subtask,
+    its records framed, how many), in the same order (channel by channel, targets ascending).
+    Raises NotTogether where records may be held twice (nothing is counted then); a CkptError
+    where the records do not fit (``route_upstream`` of the channels says which)."""
+    records, channel = framed.records, framed.channel
+    is_record = records.is_record
+    record_channel = channel[is_record]
+    if keys is not None:
+        groups = keys.of(records, is_record).astype(np.int64)
+        held = np.unique(downstreams[record_channel] * spec.max_parallelism + groups) % spec.max_parallelism
+        if len(held) != len(np.unique(held)):  # a key group held by several old subtasks: maybe copies
+            raise NotTogether()
+        owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
+        stray = int((owners != downstreams[record_channel]).sum())
+        switches = int(((owners[1:] != owners[:-1]) & (record_channel[1:] == record_channel[:-1])).sum())
+        if 4 * stray > len(groups) and 4 * switches > len(groups):
+            raise NotTogether()  # refused, with its message, by route_upstream
+        targets = np.full(len(is_record), -1, dtype=np.int64)
+        targets[is_record] = operator_index_for_key_group(spec.max_parallelism, spec.new_downstream_parallelism, groups)
+    elif spec.exchange.partitioner == "GLOBAL":
+        targets = np.where(is_record, 0, -1)
+    else:
+        sequence = np.arange(len(is_record)) - framed.first[channel]  # each element's index in its channel
+        targets = np.where(is_record, (downstreams[channel] + sequence) % spec.new_downstream_parallelism, -1)
+    counters.records_in += int(is_record.sum())
+    counters.bytes_in += int((records.ends - records.starts)[is_record].sum())
+    counters.non_records_dropped += int((~is_record).sum())
+    chosen = np.flatnonzero(targets >= 0)
+    order = chosen[np.argsort(channel[chosen] * spec.new_downstream_parallelism + targets[chosen], kind="stable")]
+    if not len(order):
+        return []
+    data = memoryview(_framing.gather(records.data, records.starts[order], records.ends[order]))
+    piece_key = channel[order] * spec.new_downstream_parallelism + targets[order]
+    cuts = np.flatnonzero(piece_key[1:] != piece_key[:-1]) + 1
+    firsts = np.concatenate([[0], cuts])
+    lasts = np.concatenate([cuts, [len(order)]])
+    sizes = np.cumsum(records.ends[order] - records.starts[order])
+    begins = np.concatenate([[0], sizes[lasts[:-1] - 1]]).tolist()
+    ends = sizes[lasts - 1].tolist()
+    return [
+        (target, data[begin:end], count)
+        for target, begin, end, count in zip(targets[order][firsts].tolist(), begins, ends, (lasts - firsts).tolist())
+    ]

@@ -83,3 +83,93 @@ def suspect_key_groups(holdings: Iterable[tuple[Hashable, int, Iterable[int]]]) 
         if len(holding) > 1:
             suspects.setdefault(channel, set()).add(group)
     return {channel: frozenset(groups) for channel, groups in suspects.items()}
+
+
+FIGURES = (
+    "exchange_index",
+    "upstream_subtask",
+    "downstream_subtask",
+    "input_buffers",
+    "output_buffers",
+    "bytes",
+    "records",
+    "watermarks",
+    "other_elements",
+    "trailing_bytes",
+    "misplaced_records",
+)
+
+
+@dataclass
+class ScanColumns:
+    """The figures of many channels as columns (an int64 array per figure of ``ChannelScan``, one
+    row per channel), records per key group of each keyed exchange, and ``holdings``: the distinct
+    (exchange index, upstream subtask, downstream subtask, key group) of the records. What a scan
+    task returns for all its channels at once: a few arrays, not an object per channel."""
+
+    columns: dict[str, np.ndarray]
+    histograms: dict[int, np.ndarray] = field(default_factory=dict)
+    holdings: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.columns["exchange_index"])
+
+    @staticmethod
+    def empty() -> ScanColumns:
+        return ScanColumns({name: np.zeros(0, dtype=np.int64) for name in FIGURES})
+
+    @staticmethod
+    def of_scans(scans: list[ChannelScan]) -> ScanColumns:
+        columns = {name: np.array([getattr(s, name) for s in scans], dtype=np.int64).reshape(-1) for name in FIGURES}
+        histograms: dict[int, Counter] = {}
+        rows = []
+        for s in scans:
+            if s.key_groups:
+                histograms.setdefault(s.exchange_index, Counter()).update(s.key_groups)
+                rows += [(s.exchange_index, s.upstream_subtask, s.downstream_subtask, g) for g in s.key_groups]
+        arrays = {}
+        for index, counts in histograms.items():
+            array = np.zeros(max(counts) + 1, dtype=np.int64)
+            array[list(counts)] = list(counts.values())
+            arrays[index] = array
+        return ScanColumns(columns, arrays, np.array(rows, dtype=np.int64).reshape(-1, 4))
+
+    @staticmethod
+    def concatenate(parts: list[ScanColumns]) -> ScanColumns:
+        if not parts:
+            return ScanColumns.empty()
+        columns = {name: np.concatenate([p.columns[name] for p in parts]) for name in FIGURES}
+        histograms: dict[int, np.ndarray] = {}
+        for part in parts:
+            for index, counts in part.histograms.items():
+                known = histograms.get(index)
+                if known is None:
+                    histograms[index] = counts.astype(np.int64)
+                else:
+                    size = max(len(known), len(counts))
+                    merged = np.zeros(size, dtype=np.int64)
+                    merged[: len(known)] += known
+                    merged[: len(counts)] += counts
+                    histograms[index] = merged
+        return ScanColumns(columns, histograms, np.concatenate([p.holdings for p in parts]))
+
+    def select(self, rows: np.ndarray) -> ScanColumns:
+        """The channels at ``rows`` (indexes or a mask); histograms and holdings stay whole."""
+        return ScanColumns({name: column[rows] for name, column in self.columns.items()}, self.histograms, self.holdings)
+
+    def scans(self) -> list[ChannelScan]:
+        """One ChannelScan per row (without key groups: they are in ``histograms``)."""
+        columns = [self.columns[name].tolist() for name in FIGURES]
+        return [ChannelScan(*row) for row in zip(*columns)]
+
+
+def suspects_of_holdings(holdings: np.ndarray) -> dict[tuple[int, int], frozenset]:
+    """``suspect_key_groups`` of (exchange, upstream, downstream, key group) rows, each distinct:
+    per (exchange, upstream subtask), the key groups that several downstream subtasks hold."""
+    if not len(holdings):
+        return {}
+    channels, counts = np.unique(holdings[:, [0, 1, 3]], axis=0, return_counts=True)
+    suspects: dict[tuple[int, int], set[int]] = {}
+    for exchange, upstream, group in channels[counts > 1].tolist():
+        suspects.setdefault((exchange, upstream), set()).add(group)
+    return {channel: frozenset(groups) for channel, groups in suspects.items()}

@@ -1,0 +1,144 @@
+"""The record path in one pass over many channels (an engine task's) equals the path channel by
+channel: framing, scan figures, routing (pieces, their order and the counters), and the errors,
+which name the channel and the element as before."""
+
+from __future__ import annotations
+
+import random
+import struct
+from itertools import groupby
+
+import numpy as np
+import pytest
+
+from catalog import fixture_named
+from ckpt_tool.engine.tasks import (
+    channel_tasks,
+    key_groups_of,
+    read_channels,
+    read_whole_records,
+    route_tasks,
+    scan_batch,
+    scan_channel,
+)
+from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.channel_state import ChannelStateReader
+from ckpt_tool.records.batch import frame_channel, frame_channels
+from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
+from ckpt_tool.records.scan import ScanColumns
+from ckpt_tool.session import Session
+
+FIXTURES = ["flink23-hashmap-p2", "flink23-naive-p2", "flink23-sql-p2", "flink23-pojo-p2", "flink23-recovery-p3"]
+
+
+def element(rng: random.Random) -> bytes:
+    tag = rng.choice([0, 1, 1, 1, 2])  # with timestamp, record, watermark
+    body = bytes([tag]) + (rng.randbytes(8) if tag != 1 else b"") + rng.randbytes(rng.randrange(0 if tag == 2 else 1, 12))
+    if tag == 2:
+        body = body[:9]
+    return struct.pack(">i", len(body)) + body
+
+
+def test_frame_channels_equals_frame_channel_of_each():
+    rng = random.Random(28)
+    for _ in range(200):
+        streams = []
+        for _ in range(rng.randrange(0, 8)):
+            stream = b"".join(element(rng) for _ in range(rng.randrange(0, 6)))
+            streams.append(stream[: rng.randrange(0, len(stream) + 1)] if rng.random() < 0.3 else stream)
+        framed = frame_channels(streams)
+        assert len(framed.trailing) == len(streams)
+        for k, stream in enumerate(streams):
+            one = frame_channel(stream)
+            part = framed.part(k, k + 1)
+            base = framed.bounds[k]
+            assert (part.records.starts - base).tolist() == one.starts.tolist()
+            assert (part.records.ends - base).tolist() == one.ends.tolist()
+            assert part.records.tags.tolist() == one.tags.tolist()
+            assert int(part.trailing[0]) == one.trailing and set(part.channel.tolist()) <= {0}
+
+
+def session_of(name: str) -> Session:
+    fixture = fixture_named(name)
+    return Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_scan_batch_equals_scan_channel_of_each(name):
+    session = session_of(name)
+    exchanges = session.described_exchanges
+    tasks = sorted(channel_tasks(session.checkpoint, exchanges), key=lambda t: (t.exchange_index, t.downstream_subtask))
+    assert tasks
+    together = scan_batch(tasks, exchanges)
+    one_by_one = ScanColumns.of_scans([scan_channel(t, exchanges[t.exchange_index]) for t in tasks])
+    assert {k: v.tolist() for k, v in together.columns.items()} == {k: v.tolist() for k, v in one_by_one.columns.items()}
+    assert together.histograms.keys() == one_by_one.histograms.keys()
+    for index, counts in one_by_one.histograms.items():
+        assert np.trim_zeros(together.histograms[index], "b").tolist() == counts.tolist()
+    assert sorted(map(tuple, together.holdings.tolist())) == sorted(map(tuple, one_by_one.holdings.tolist()))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("new_parallelism", [1, 3])
+def test_route_together_equals_route_upstream(name, new_parallelism):
+    session = session_of(name)
+    exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
+    if not exchanges:
+        pytest.skip("no typed exchange")
+    metadata = session.checkpoint.metadata
+    specs = [
+        RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
+    ]
+    compared = refused = 0
+    with ChannelStateReader() as reader:
+        for task in route_tasks(channel_tasks(session.checkpoint, exchanges), specs):
+            spec = specs[task.exchange_index]
+            keys = key_groups_of(spec.exchange, spec.max_parallelism)
+            for upstream, same in groupby(task.channels, key=lambda t: t.upstream_subtask):
+                channels = list(same)
+                old = RouteCounters()
+                try:
+                    decoded = [(t.downstream_subtask, read_whole_records(reader, t, "x", spec.exchange, keys)) for t in channels]
+                    expected = list(route_upstream(decoded, spec, keys, old, upstream, channels[0].parallelism))
+                except CkptError as exc:
+                    expected = exc
+                new = RouteCounters()
+                framed = read_channels(reader, channels)
+                downstreams = np.array([t.downstream_subtask for t in channels])
+                try:
+                    got = route_together(framed, downstreams, spec, keys, new, upstream, channels[0].parallelism)
+                except (CkptError, NotTogether) as exc:  # route_task then routes them channel by channel
+                    assert isinstance(exc, NotTogether) or isinstance(expected, CkptError)
+                    assert new == RouteCounters()  # nothing counted
+                    refused += 1
+                    continue
+                assert not isinstance(expected, CkptError)
+                assert got == expected and new == old
+                compared += 1
+    assert compared + refused
+    if name == "flink23-naive-p2":  # replicas: found channel by channel
+        assert refused
+
+
+def test_a_corrupt_channel_is_named_as_before(tmp_path):
+    """An engine task over several channels, one of them corrupt: the error names that channel
+    and its element, as the scan of that channel alone does."""
+    import shutil
+
+    fixture = fixture_named("flink23-hashmap-p2")
+    copy = tmp_path / "chk"
+    shutil.copytree(fixture.checkpoint, copy)
+    session = Session.open(str(copy), fixture.schema, fixture.plan)
+    exchanges = session.described_exchanges
+    tasks = sorted(channel_tasks(session.checkpoint, exchanges), key=lambda t: (t.exchange_index, t.downstream_subtask))
+    corrupt = next(t for t in tasks[1:] if t.inputs and t.inputs[0].location and t.inputs[0].offsets)
+    path = corrupt.inputs[0].location.removeprefix("file://")
+    with open(path, "r+b") as file:
+        file.seek(corrupt.inputs[0].offsets[0] + 4)
+        file.write(struct.pack(">i", -5))  # the channel's first record length: negative
+    with pytest.raises(CkptError) as alone:
+        scan_channel(corrupt, exchanges[corrupt.exchange_index])
+    with pytest.raises(CkptError) as together:
+        scan_batch(tasks, exchanges)
+    assert "negative record length" in str(alone.value)
+    assert str(together.value) == str(alone.value)
