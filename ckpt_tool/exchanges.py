@@ -23,7 +23,7 @@ from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.scan import ChannelScan, ScanColumns, suspects_of_holdings
+from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
@@ -71,18 +71,7 @@ class ExchangeScan:
     def as_dict(self) -> dict:
         exchange, keyed = self.exchange, self.keyed
         histogram = self.key_group_histogram
-        columns = [
-            "upstream_subtask",
-            "downstream_subtask",
-            "input_buffers",
-            "output_buffers",
-            "bytes",
-            "records",
-            "watermarks",
-            "other_elements",
-            "trailing_bytes",
-            "misplaced_records",
-        ]
+        columns = FIGURES[1:]  # every figure but the exchange's index
         rows = zip(*(self.figures.columns[name].tolist() for name in columns))
         return {
             "upstream": exchange.upstream_id,

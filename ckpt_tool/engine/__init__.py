@@ -116,6 +116,27 @@ def plan_batches(sizes: Sequence[int], budget: int) -> list[range]:
     return batches
 
 
+def _planned(count: int, sizes: Optional[Sequence[int]], slots: int, progress: Progress):
+    """The batches of ``count`` items (one item each without ``sizes``, else of a bounded byte
+    budget) and the report of a finished batch to ``progress``, in bytes (or items)."""
+    if sizes is None:
+        weights = [1] * count
+        batches = [range(i, i + 1) for i in range(count)]
+    else:
+        sizes = list(sizes)
+        batches = plan_batches(sizes, batch_budget(sum(sizes), slots))
+        weights = [sum(sizes[i] for i in b) for b in batches]
+    if not progress:
+        return batches, None
+    total, done = sum(weights), [0]
+
+    def report(batch: int) -> None:
+        done[0] += weights[batch]
+        progress(done[0], total)
+
+    return batches, report
+
+
 class Engine:
     """Applies a function to every item; ``map`` raises the first item's error, if any.
     ``warnings``: what the reports should say about where the work ran (e.g. a slower path)."""
@@ -130,21 +151,7 @@ class Engine:
         items = list(items)
         if not items:
             return []
-        if sizes is None:
-            sizes = [1] * len(items)
-            batches = [range(i, i + 1) for i in range(len(items))]
-        else:
-            sizes = list(sizes)
-            batches = plan_batches(sizes, batch_budget(sum(sizes), self.slots()))
-        weights = [sum(sizes[i] for i in b) for b in batches]
-        report = None
-        if progress:
-            total, done = sum(weights), [0]
-
-            def report(batch: int) -> None:
-                done[0] += weights[batch]
-                progress(done[0], total)
-
+        batches, report = _planned(len(items), sizes, self.slots(), progress)
         results = self._map(_Batch(_Guarded(function)), [[items[i] for i in b] for b in batches], report)
         return _raise_task_errors([result for batch in results for result in batch])
 
@@ -155,17 +162,7 @@ class Engine:
         items = list(items)
         if not items:
             return []
-        sizes = [1] * len(items) if sizes is None else list(sizes)
-        batches = plan_batches(sizes, batch_budget(sum(sizes), self.slots()))
-        weights = [sum(sizes[i] for i in b) for b in batches]
-        report = None
-        if progress:
-            total, done = sum(weights), [0]
-
-            def report(batch: int) -> None:
-                done[0] += weights[batch]
-                progress(done[0], total)
-
+        batches, report = _planned(len(items), [1] * len(items) if sizes is None else sizes, self.slots(), progress)
         return _raise_task_errors(self._map(_Guarded(function), [[items[i] for i in b] for b in batches], report))
 
     def slots(self) -> int:
