@@ -83,7 +83,14 @@ class LocalFileIO(FileIO):
         try:
             with os.fdopen(fd, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                data = f.read(limit + 1) if size <= limit else b""
+                # read(n) allocates n bytes first: ask for what fstat says (and one more), then
+                # go on in pieces only where the file grew meanwhile
+                data = f.read(size + 1) if size <= limit else b""
+                if len(data) > size:
+                    pieces = [data]
+                    while (held := sum(map(len, pieces))) <= limit and (piece := f.read(min(1 << 24, limit + 1 - held))):
+                        pieces.append(piece)
+                    data = b"".join(pieces)
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
         if size > limit or len(data) > limit:
