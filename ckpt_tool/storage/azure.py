@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
-from ckpt_tool.storage.base import FileIO, spooled
+from ckpt_tool.storage.base import ObjectStoreIO, spooled
 from ckpt_tool.storage.patience import Patience
 from ckpt_tool.storage.uri import AzurePath, split_azure_uri
 
@@ -37,7 +37,7 @@ class _MissingObject(StorageError):
     pass
 
 
-class AzureFileIO(FileIO):
+class AzureFileIO(ObjectStoreIO):
     """One FileIO for every Azure account: a client per account, made at first use."""
 
     def __init__(self, patience: Patience | None = None):
@@ -124,15 +124,9 @@ class AzureFileIO(FileIO):
         except _MissingObject:
             return None
 
-    def size(self, uri: str) -> int:
+    def _object_size(self, uri: str) -> int | None:
         properties = self._properties(uri)
-        if properties is None:
-            raise StorageError(f"cannot read {uri}: no such object")
-        return int(properties.size)
-
-    def exists(self, uri: str) -> bool:
-        """False only for a missing blob in an existing container; other failures raise."""
-        return self._properties(uri) is not None
+        return None if properties is None else int(properties.size)
 
     def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         path = split_azure_uri(uri)

@@ -7,14 +7,14 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import BinaryIO, Optional
 
 from ckpt_tool.errors import StorageError
 
 # the URI helpers, where callers have found them so far
 from ckpt_tool.storage.uri import is_local, is_s3, join, normalize_uri, parent, within
 
-__all__ = ["FileIO", "is_local", "is_s3", "join", "normalize_uri", "parent", "spooled", "within"]
+__all__ = ["FileIO", "ObjectStoreIO", "is_local", "is_s3", "join", "normalize_uri", "parent", "spooled", "within"]
 
 SPOOL_BYTES = 64 * 1024 * 1024  # an object being uploaded waits in memory up to this size, then on disk
 
@@ -93,3 +93,23 @@ def spooled(chunks: Iterable[bytes]) -> Iterator[tuple[BinaryIO, int]]:
         size = spool.tell()
         spool.seek(0)
         yield spool, size  # type: ignore[misc]
+
+
+class ObjectStoreIO(FileIO):
+    """A store of objects in buckets or containers (S3, GCS, Azure): a file exists where its
+    object's metadata can be read, and has the size that metadata says."""
+
+    @abstractmethod
+    def _object_size(self, uri: str) -> Optional[int]:
+        """The object's size from its metadata, or None if the object (but not its bucket or
+        container) is missing; other failures raise."""
+
+    def size(self, uri: str) -> int:
+        size = self._object_size(uri)
+        if size is None:
+            raise StorageError(f"cannot read {uri}: no such object")
+        return size
+
+    def exists(self, uri: str) -> bool:
+        """False only for a missing object in an existing bucket or container; other failures raise."""
+        return self._object_size(uri) is not None

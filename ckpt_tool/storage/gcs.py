@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
-from ckpt_tool.storage.base import FileIO, spooled
+from ckpt_tool.storage.base import ObjectStoreIO, spooled
 from ckpt_tool.storage.patience import Patience
 from ckpt_tool.storage.uri import split_bucket_uri
 
@@ -33,7 +33,7 @@ class _MissingObject(StorageError):
     pass
 
 
-class GcsFileIO(FileIO):
+class GcsFileIO(ObjectStoreIO):
     def __init__(self, patience: Patience | None = None):
         self.patience = patience or Patience.from_environment()
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
@@ -167,15 +167,9 @@ class GcsFileIO(FileIO):
                 raise error
         return blob
 
-    def size(self, uri: str) -> int:
+    def _object_size(self, uri: str) -> int | None:
         blob = self._blob(uri)
-        if blob is None:
-            raise StorageError(f"cannot read {uri}: no such object")
-        return int(blob.size)
-
-    def exists(self, uri: str) -> bool:
-        """False only for a missing object in an existing bucket; other failures raise."""
-        return self._blob(uri) is not None
+        return None if blob is None else int(blob.size)
 
     def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         bucket, prefix = split_bucket_uri(uri)

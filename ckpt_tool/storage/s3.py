@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from functools import lru_cache
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
-from ckpt_tool.storage.base import FileIO, spooled
+from ckpt_tool.storage.base import ObjectStoreIO, spooled
 from ckpt_tool.storage.patience import Patience
 from ckpt_tool.storage.uri import split_bucket_uri
 
@@ -41,7 +41,7 @@ class _MissingObject(StorageError):
     """A 404 on an object: a missing key, or (for HEAD, which has no error body) a missing bucket."""
 
 
-class S3FileIO(FileIO):
+class S3FileIO(ObjectStoreIO):
     def __init__(self, endpoint_url: str | None = None, patience: Patience | None = None):
         import boto3
         from botocore.config import Config
@@ -148,15 +148,9 @@ class S3FileIO(FileIO):
             raise StorageError(f"{uri} is truncated: wanted {length} bytes at {start}, got {len(data)}")
         return data
 
-    def size(self, uri: str) -> int:
+    def _object_size(self, uri: str) -> int | None:
         head = self._head(uri)
-        if head is None:
-            raise StorageError(f"cannot read {uri}: no such object")
-        return head["ContentLength"]
-
-    def exists(self, uri: str) -> bool:
-        """False only for a missing object in an existing bucket; other failures raise."""
-        return self._head(uri) is not None
+        return None if head is None else head["ContentLength"]
 
     def list_sizes(self, uri: str) -> list[tuple[str, int]]:
         bucket, prefix = split_s3_uri(uri)
