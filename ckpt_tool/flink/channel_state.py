@@ -192,7 +192,7 @@ class ChannelStateReader:
             data, offsets = memoryview(source.inline), source.offsets
         elif location is None:
             raise CheckpointFormatError("a channel handle has neither a file nor inline data")
-        elif not is_local(location) and not source.segment:
+        elif not self._is_local(location) and not source.segment:
             span, offsets = self._ranged_span(location, source)
             data = memoryview(span)
         else:
