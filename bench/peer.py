@@ -12,7 +12,9 @@ restored at 3P/4 and at 3P/2 along four paths:
 Flink runs fixtures/java/v2.3/PeerJob.java: CountJob's job (same operators and state) whose keyed
 operator busy-waits `--busy-us` per record (recovery takes real time) and notes when it processes
 a generated in-flight record; checkpoints every 100 ms, at least 10 s apart once one has completed
-(the first is not delayed), on fixtures/flink_env.py's JVM heap (-Xmx1g; --xmx for another). Per path:
+(the first is not delayed), every path on the same JVM heap, 8 GiB by default (--xmx; Flink 2.3.0's
+native FLIP-547 path runs out of a 1 GiB heap at 1 GiB of in-flight data, and a figure needs all four
+paths). Per path:
 
 - ttfc_s: wall seconds from the start (ckpt's rescale included in (c) and (d)) to the first
   checkpoint the restored job completes; Flink's times run from PeerJob's main (the JVM's own start,
@@ -44,7 +46,7 @@ read_x_native, read_x_flip547, read_x_ckpt, chain_inflation_native, chain_inflat
 chain_inflation_ckpt.
 
     python bench/peer.py [--sizes 0.1 1] [--parallelism 16] [--busy-us 2] [--no-chain] [--pause-ms 100]
-        [--paths abcd] [--xmx 1g]
+        [--paths abcd] [--xmx 8g]
         [--chain-sizes 1]
 """
 
@@ -239,7 +241,7 @@ def main() -> int:
     parser.add_argument("--no-chain", action="store_true", help="without the chain of three rescales")
     parser.add_argument("--pause-ms", type=int, default=100, help="the chain's gate: sleep per record (FLIP-547 on)")
     parser.add_argument("--paths", default="abcd", help="only these of the paths (a) to (d); the figures need all")
-    parser.add_argument("--xmx", help="the Flink JVM's heap (default: fixtures/flink_env.py's -Xmx1g)")
+    parser.add_argument("--xmx", default="8g", help="the Flink JVM's heap on every path (default: 8g)")
     parser.add_argument("--chain-paths", nargs="+", default=["native", "flip547", "ckpt"], help="the chain's paths")
     parser.add_argument("--chain-sizes", type=float, nargs="*", help="sizes that run the chain (default: all)")
     args = parser.parse_args()
