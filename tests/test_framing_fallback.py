@@ -91,3 +91,48 @@ def test_equal_on_generated_streams_and_errors():
         same("payloads_many", file, int64s(offsets), int64s([len(offsets) + 1]))
         same("payloads_many", file, picked, int64s([len(picked)]))
     assert _framing_py.reuse_memory() is None
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def test_equal_on_string_values():
+    """StringValue tails (a varint of the length + 1, then a varint per UTF-16 unit): whole, null,
+    empty, cut, too long, wrong length, bad varints, ranges at and past the data's end."""
+    rng = random.Random(29)
+    pieces, tails, ends, position = [], [], [], 0
+    for _ in range(4000):
+        units = [rng.choice([0x41, 0x7F, 0x80, 0x3FFF, 0x4000, 0xFFFF]) for _ in range(rng.randrange(0, 40))]
+        length, body = len(units) + 1, b"".join(varint(u) for u in units)
+        kind = rng.randrange(6)
+        if kind == 0:
+            length, body = 0, b""  # null
+        elif kind == 1:
+            length += rng.choice([-1, 1, 1 << 30])
+        value = varint(length) + body
+        if kind == 2:
+            value = value[:-1]
+        elif kind == 3:
+            value += bytes([rng.randrange(256)])
+        elif kind == 4:
+            value = bytes([0x80 | rng.randrange(128)] * rng.randrange(0, 7))
+        junk = rng.randbytes(rng.randrange(3))
+        pieces += [junk, value]
+        tails.append(position + len(junk))
+        position += len(junk) + len(value)
+        ends.append(position)
+    data = b"".join(pieces)
+    fits = _framing.string_tails(data, int64s(tails), int64s(ends))
+    assert 0 < sum(fits) < len(fits)
+    same("string_tails", data, int64s(tails), int64s(ends))
+    moved = np.minimum(int64s(ends) + int64s([rng.choice([-1, 0, 1]) for _ in ends]), len(data))
+    same("string_tails", data, int64s(tails), moved)
+    same("string_tails", memoryview(data), int64s(tails), int64s(ends))
+    same("string_tails", data, int64s(tails), int64s(ends)[:-1].copy())  # the same error
+    same("string_tails", data, int64s(tails), int64s(ends) + 1)  # past the end: the same error
+    same("string_tails", data, int64s([]), int64s([]))

@@ -137,6 +137,70 @@ done:
     return result;
 }
 
+/* Bytes below 0x80 in p[0:n]: eight at a time (each byte's top bit, summed by a multiply). */
+static int64_t low_bytes(const unsigned char *p, int64_t n) {
+    int64_t high = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        high += (int64_t)((((word >> 7) & 0x0101010101010101ULL) * 0x0101010101010101ULL) >> 56);  /* no popcnt needed */
+    }
+    for (; i < n; i++) high += p[i] >> 7;
+    return n - high;
+}
+
+/* string_tails(data, tails, ends) -> bytes: for each i, 1 where data[tails[i]:ends[i]] is exactly
+ * one Flink StringValue (a varint of its length + 1, at most 5 bytes, 0 for null, then one varint
+ * per UTF-16 unit: a null value is empty, and the varints end at ends[i]), else 0. tails and ends
+ * are int64 buffers of equal length, each range inside data. */
+static PyObject *string_tails(PyObject *self, PyObject *args) {
+    Py_buffer data, tails, ends;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &tails, &ends)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = tails.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *first = tails.buf, *last = ends.buf;
+    const unsigned char *bytes = data.buf;
+    if (ends.len != tails.len) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends differ in length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (first[i] < 0 || last[i] < 0 || last[i] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "range outside the data");
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(NULL, count);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t at = first[i], end = last[i];
+        uint64_t length = 0;
+        int more = 1, size = 0;
+        while (more && size < 5 && at + size < end) {
+            unsigned char b = bytes[at + size];
+            length |= (uint64_t)(b & 0x7F) << (7 * size);
+            more = b >= 0x80;
+            size++;
+        }
+        int fits = size > 0 && !more;
+        if (fits) {
+            int64_t chars = at + size;
+            if (length == 0) {
+                fits = chars == end;
+            } else {
+                fits = (chars == end || bytes[end - 1] < 0x80) && (uint64_t)low_bytes(bytes + chars, end - chars) == length - 1;
+            }
+        }
+        out[i] = (unsigned char)fits;
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&tails);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
 /* Check the buffers whose int length fields are at the int64 offsets: each inside the data and
  * starting after the end of the one before it (offsets come in the order written). Sets the total
  * payload length; on error sets a ValueError naming the first bad buffer and returns -1. */
@@ -271,6 +335,7 @@ static PyMethodDef methods[] = {
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
     {"frame_segments", frame_segments, METH_VARARGS, "frame() of each segment between the bounds, in one pass."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
+    {"string_tails", string_tails, METH_VARARGS, "Whether each data[tails[i]:ends[i]] is exactly one StringValue (0/1 bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -311,27 +311,12 @@ def _fits(layout: _Layout, data: bytes, starts: np.ndarray, ends: np.ndarray) ->
         length = (byte(tail) << 24 | byte(tail + 1) << 16 | byte(tail + 2) << 8 | byte(tail + 3)).astype(np.uint32).view(np.int32)
         return fits & (length >= layout.minimum) & (ends == tail + 4 + length)
     # a string: the varint of its length + 1 (at most 5 bytes), then that many - 1 varints, each
-    # ending in the one byte of it below 0x80: the bytes from 0x80 (few, in most text) are counted
-    first = byte(tail)
-    length, size, more = first & 0x7F, np.ones_like(tail), first >= 0x80
-    for k in range(1, 5):
-        if not more.any():
-            break
-        following = byte(tail + k)
-        length |= np.where(more, (following & 0x7F) << (7 * k), 0)
-        size += more
-        more &= following >= 0x80
-    chars = tail + size
-    fits &= ~more & (chars <= ends)
-    chars = np.minimum(chars, ends)
-    empty = chars == ends
-    endings = ends - chars
-    low, top = (int(chars.min()), int(ends.max())) if len(ends) else (0, 0)  # only the values' bytes (data may be a batch's)
-    high = np.flatnonzero(raw[low:top] >= 0x80) + low
-    if len(high):
-        endings -= np.searchsorted(high, ends) - np.searchsorted(high, chars)
-    whole = empty | (byte(ends - 1) < 0x80)
-    return fits & np.where(length == 0, empty, (endings == length - 1) & whole)
+    # ending in the one byte of it below 0x80 (one C pass over the values' bytes)
+    checked = np.flatnonzero(fits)
+    if len(checked):
+        tails, last = np.ascontiguousarray(tail[checked], dtype=np.int64), np.ascontiguousarray(ends[checked], dtype=np.int64)
+        fits[checked] = np.frombuffer(_framing.string_tails(data, tails, last), dtype=np.uint8).astype(bool)
+    return fits
 
 
 # --- key groups ---------------------------------------------------------------------------------
