@@ -147,7 +147,7 @@ def _first(mask: np.ndarray) -> int:
 
 def _check_elements(starts: np.ndarray, tags: np.ndarray, sizes: np.ndarray) -> None:
     known = tags <= RECORD
-    for tag, (kind, size) in NON_RECORDS.items():
+    for tag, (kind, size) in NON_RECORDS.items() if not known.all() else ():  # records only: nothing else to check
         mine = tags == tag
         known |= mine
         wrong = mine & (sizes != 1 + size)
