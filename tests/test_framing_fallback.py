@@ -136,3 +136,19 @@ def test_equal_on_string_values():
     same("string_tails", data, int64s(tails), int64s(ends)[:-1].copy())  # the same error
     same("string_tails", data, int64s(tails), int64s(ends) + 1)  # past the end: the same error
     same("string_tails", data, int64s([]), int64s([]))
+
+
+def test_equal_key_groups_and_flinks():
+    """Key groups of hash codes: both modules, and Flink's scalar murmur hash (ckpt_tool.records.keys)."""
+    from ckpt_tool.records.keys import key_group_for_hash
+
+    rng = np.random.default_rng(29)
+    edges = np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32)
+    hashes = np.concatenate([edges, rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32)])
+    for max_parallelism in (1, 128, 4096, 32768, 2**31 - 1):
+        same("key_groups", hashes, max_parallelism)
+        groups = np.frombuffer(_framing.key_groups(hashes, max_parallelism), dtype=np.int32)
+        signed = hashes.view(np.int32).tolist()
+        assert groups.tolist() == [key_group_for_hash(h, max_parallelism) for h in signed]
+    same("key_groups", hashes, 0)  # the same error
+    same("key_groups", hashes.tobytes()[:-1], 128)  # a cut hash code is left out by both

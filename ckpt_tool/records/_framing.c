@@ -201,6 +201,44 @@ done:
     return result;
 }
 
+/* key_groups(hashes, max_parallelism) -> bytes: Flink's KeyGroupRangeAssignment.computeKeyGroupForKeyHash
+ * (MathUtils.murmurHash of the hash code, modulo the max parallelism) of each native uint32 hash
+ * code, as native int32s. */
+static PyObject *key_groups(PyObject *self, PyObject *args) {
+    Py_buffer hashes;
+    long long max_parallelism;
+    if (!PyArg_ParseTuple(args, "y*L", &hashes, &max_parallelism)) return NULL;
+    if (max_parallelism <= 0 || max_parallelism > INT32_MAX) {
+        PyBuffer_Release(&hashes);
+        return PyErr_Format(PyExc_ValueError, "max parallelism %lld out of range", max_parallelism);
+    }
+    Py_ssize_t count = hashes.len / (Py_ssize_t)sizeof(uint32_t);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int32_t));
+    if (result != NULL) {
+        const uint32_t *in = hashes.buf;
+        int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
+        uint32_t modulus = (uint32_t)max_parallelism;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t code = in[i] * 0xCC9E2D51u;
+            code = (code << 15) | (code >> 17);
+            code *= 0x1B873593u;
+            code = (code << 13) | (code >> 19);
+            code = code * 5u + 0xE6546B64u;
+            code ^= 4u;
+            code ^= code >> 16;
+            code *= 0x85EBCA6Bu;
+            code ^= code >> 13;
+            code *= 0xC2B2AE35u;
+            code ^= code >> 16;
+            int32_t signed_code = (int32_t)code;
+            uint32_t positive = signed_code >= 0 ? (uint32_t)signed_code : signed_code == INT32_MIN ? 0u : (uint32_t)(-signed_code);
+            out[i] = (int32_t)(positive % modulus);
+        }
+    }
+    PyBuffer_Release(&hashes);
+    return result;
+}
+
 /* Check the buffers whose int length fields are at the int64 offsets: each inside the data and
  * starting after the end of the one before it (offsets come in the order written). Sets the total
  * payload length; on error sets a ValueError naming the first bad buffer and returns -1. */
@@ -335,6 +373,7 @@ static PyMethodDef methods[] = {
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
     {"frame_segments", frame_segments, METH_VARARGS, "frame() of each segment between the bounds, in one pass."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
+    {"key_groups", key_groups, METH_VARARGS, "Key groups of uint32 hash codes (Flink's murmur hash), as int32s."},
     {"string_tails", string_tails, METH_VARARGS, "Whether each data[tails[i]:ends[i]] is exactly one StringValue (0/1 bytes)."},
     {NULL, NULL, 0, NULL},
 };

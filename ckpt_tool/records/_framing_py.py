@@ -149,5 +149,30 @@ def string_tails(data: Any, tails: Any, ends: Any) -> bytes:
     return (fits & np.where(length == 0, empty, (endings == length - 1) & whole)).astype(np.uint8).tobytes()
 
 
+def key_groups(hashes: Any, max_parallelism: int) -> bytes:
+    """Flink's ``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` (``MathUtils.murmurHash`` of
+    the hash code, modulo the max parallelism) of each native uint32 hash code, as native int32s."""
+    if max_parallelism <= 0 or max_parallelism > 0x7FFFFFFF:
+        raise ValueError(f"max parallelism {max_parallelism} out of range")
+    u32 = np.uint32
+    view = _as_bytes(hashes)
+    code = np.frombuffer(view[: len(view) // 4 * 4], dtype=u32)
+    with np.errstate(over="ignore"):
+        code = code * u32(0xCC9E2D51)
+        code = (code << u32(15)) | (code >> u32(17))
+        code = code * u32(0x1B873593)
+        code = (code << u32(13)) | (code >> u32(19))
+        code = code * u32(5) + u32(0xE6546B64)
+        code ^= u32(4)
+        code ^= code >> u32(16)
+        code = code * u32(0x85EBCA6B)
+        code ^= code >> u32(13)
+        code = code * u32(0xC2B2AE35)
+        code ^= code >> u32(16)
+    signed = code.view(np.int32).astype(np.int64)
+    positive = np.where(signed == -(1 << 31), 0, np.abs(signed))
+    return (positive % max_parallelism).astype(np.int32).tobytes()
+
+
 def reuse_memory() -> None:
     """glibc's mallopt tuning of the C module; nothing to do here."""

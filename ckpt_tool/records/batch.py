@@ -20,7 +20,6 @@ import numpy as np
 
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.framing import framing as _framing
-from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type
 from ckpt_tool.records.types.binary import null_bits_size
@@ -338,22 +337,9 @@ def _field_hash(values: np.ndarray, name: str) -> np.ndarray:
 
 
 def murmur_key_groups(hashes: np.ndarray, max_parallelism: int) -> np.ndarray:
-    """``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` for an array of uint32 hash codes."""
-    with np.errstate(over="ignore"):
-        code = hashes.astype(_U32) * _U32(MURMUR_C1)
-        code = (code << _U32(15)) | (code >> _U32(17))
-        code = code * _U32(MURMUR_C2)
-        code = (code << _U32(13)) | (code >> _U32(19))
-        code = code * _U32(5) + _U32(0xE6546B64)
-        code ^= _U32(4)
-        code ^= code >> _U32(16)
-        code = code * _U32(0x85EBCA6B)
-        code ^= code >> _U32(13)
-        code = code * _U32(0xC2B2AE35)
-        code ^= code >> _U32(16)
-    signed = code.view(np.int32).astype(np.int64)
-    positive = np.where(signed == -(1 << 31), 0, np.abs(signed))
-    return (positive % max_parallelism).astype(np.int32)
+    """``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` for an array of uint32 hash codes (one C loop)."""
+    codes = np.ascontiguousarray(hashes, dtype=_U32)
+    return np.frombuffer(_framing.key_groups(codes, max_parallelism), dtype=np.int32)
 
 
 class KeyGroups:
