@@ -12,7 +12,7 @@ value fills exactly its framed length, with NumPy where the type's layout allows
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional
 
@@ -35,13 +35,18 @@ class ChannelRecords:
     ends: np.ndarray
     tags: np.ndarray
     trailing: int
+    _value_starts: Optional[np.ndarray] = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_record(self) -> np.ndarray:
         return self.tags <= RECORD  # RECORD_WITH_TIMESTAMP or RECORD
 
     def value_starts(self) -> np.ndarray:
-        return self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
+        """Where each element's value begins (after its tag and timestamp); computed once (the value
+        check and the key fields both need it)."""
+        if self._value_starts is None:
+            self._value_starts = self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
+        return self._value_starts
 
     def element(self, index: int) -> bytes:
         return self.data[self.starts[index] + 4 : self.ends[index]]
