@@ -3,8 +3,10 @@
  * frame(data) walks the chain of 4-byte big-endian length prefixes of Flink's record
  * serializer: each record's position depends on the previous record's length, so the walk
  * cannot be vectorised. payloads(file, offsets) does the same for a channel handle's network
- * buffers, and gather(data, starts, ends) concatenates byte ranges. Everything else on the
- * record path (tags, keys, key groups, routing) is vectorised with NumPy.
+ * buffers, and gather(data, starts, ends) concatenates byte ranges. string_tails checks string
+ * values (a varint per UTF-16 unit: counted eight bytes at a time) and key_groups computes Flink's
+ * murmur key groups of hash codes, one loop each instead of a dozen NumPy passes. Everything else
+ * on the record path (tags, keys, routing) is vectorised with NumPy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
