@@ -91,3 +91,64 @@ def test_equal_on_generated_streams_and_errors():
         same("payloads_many", file, int64s(offsets), int64s([len(offsets) + 1]))
         same("payloads_many", file, picked, int64s([len(picked)]))
     assert _framing_py.reuse_memory() is None
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def test_equal_on_string_values():
+    """StringValue tails (a varint of the length + 1, then a varint per UTF-16 unit): whole, null,
+    empty, cut, too long, wrong length, bad varints, ranges at and past the data's end."""
+    rng = random.Random(29)
+    pieces, tails, ends, position = [], [], [], 0
+    for _ in range(4000):
+        units = [rng.choice([0x41, 0x7F, 0x80, 0x3FFF, 0x4000, 0xFFFF]) for _ in range(rng.randrange(0, 40))]
+        length, body = len(units) + 1, b"".join(varint(u) for u in units)
+        kind = rng.randrange(6)
+        if kind == 0:
+            length, body = 0, b""  # null
+        elif kind == 1:
+            length += rng.choice([-1, 1, 1 << 30])
+        value = varint(length) + body
+        if kind == 2:
+            value = value[:-1]
+        elif kind == 3:
+            value += bytes([rng.randrange(256)])
+        elif kind == 4:
+            value = bytes([0x80 | rng.randrange(128)] * rng.randrange(0, 7))
+        junk = rng.randbytes(rng.randrange(3))
+        pieces += [junk, value]
+        tails.append(position + len(junk))
+        position += len(junk) + len(value)
+        ends.append(position)
+    data = b"".join(pieces)
+    fits = _framing.string_tails(data, int64s(tails), int64s(ends))
+    assert 0 < sum(fits) < len(fits)
+    same("string_tails", data, int64s(tails), int64s(ends))
+    moved = np.minimum(int64s(ends) + int64s([rng.choice([-1, 0, 1]) for _ in ends]), len(data))
+    same("string_tails", data, int64s(tails), moved)
+    same("string_tails", memoryview(data), int64s(tails), int64s(ends))
+    same("string_tails", data, int64s(tails), int64s(ends)[:-1].copy())  # the same error
+    same("string_tails", data, int64s(tails), int64s(ends) + 1)  # past the end: the same error
+    same("string_tails", data, int64s([]), int64s([]))
+
+
+def test_equal_key_groups_and_flinks():
+    """Key groups of hash codes: both modules, and Flink's scalar murmur hash (ckpt_tool.records.keys)."""
+    from ckpt_tool.records.keys import key_group_for_hash
+
+    rng = np.random.default_rng(29)
+    edges = np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32)
+    hashes = np.concatenate([edges, rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32)])
+    for max_parallelism in (1, 128, 4096, 32768, 2**31 - 1):
+        same("key_groups", hashes, max_parallelism)
+        groups = np.frombuffer(_framing.key_groups(hashes, max_parallelism), dtype=np.int32)
+        signed = hashes.view(np.int32).tolist()
+        assert groups.tolist() == [key_group_for_hash(h, max_parallelism) for h in signed]
+    same("key_groups", hashes, 0)  # the same error
+    same("key_groups", hashes.tobytes()[:-1], 128)  # a cut hash code is left out by both

@@ -3,8 +3,10 @@
  * frame(data) walks the chain of 4-byte big-endian length prefixes of Flink's record
  * serializer: each record's position depends on the previous record's length, so the walk
  * cannot be vectorised. payloads(file, offsets) does the same for a channel handle's network
- * buffers, and gather(data, starts, ends) concatenates byte ranges. Everything else on the
- * record path (tags, keys, key groups, routing) is vectorised with NumPy.
+ * buffers, and gather(data, starts, ends) concatenates byte ranges. string_tails checks string
+ * values (a varint per UTF-16 unit: counted eight bytes at a time) and key_groups computes Flink's
+ * murmur key groups of hash codes, one loop each instead of a dozen NumPy passes. Everything else
+ * on the record path (tags, keys, routing) is vectorised with NumPy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -134,6 +136,108 @@ done:
     PyBuffer_Release(&data);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
+    return result;
+}
+
+/* Bytes below 0x80 in p[0:n]: eight at a time (each byte's top bit, summed by a multiply). */
+static int64_t low_bytes(const unsigned char *p, int64_t n) {
+    int64_t high = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        high += (int64_t)((((word >> 7) & 0x0101010101010101ULL) * 0x0101010101010101ULL) >> 56);  /* no popcnt needed */
+    }
+    for (; i < n; i++) high += p[i] >> 7;
+    return n - high;
+}
+
+/* string_tails(data, tails, ends) -> bytes: for each i, 1 where data[tails[i]:ends[i]] is exactly
+ * one Flink StringValue (a varint of its length + 1, at most 5 bytes, 0 for null, then one varint
+ * per UTF-16 unit: a null value is empty, and the varints end at ends[i]), else 0. tails and ends
+ * are int64 buffers of equal length, each range inside data. */
+static PyObject *string_tails(PyObject *self, PyObject *args) {
+    Py_buffer data, tails, ends;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &tails, &ends)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = tails.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *first = tails.buf, *last = ends.buf;
+    const unsigned char *bytes = data.buf;
+    if (ends.len != tails.len) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends differ in length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (first[i] < 0 || last[i] < 0 || last[i] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "range outside the data");
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(NULL, count);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t at = first[i], end = last[i];
+        uint64_t length = 0;
+        int more = 1, size = 0;
+        while (more && size < 5 && at + size < end) {
+            unsigned char b = bytes[at + size];
+            length |= (uint64_t)(b & 0x7F) << (7 * size);
+            more = b >= 0x80;
+            size++;
+        }
+        int fits = size > 0 && !more;
+        if (fits) {
+            int64_t chars = at + size;
+            if (length == 0) {
+                fits = chars == end;
+            } else {
+                fits = (chars == end || bytes[end - 1] < 0x80) && (uint64_t)low_bytes(bytes + chars, end - chars) == length - 1;
+            }
+        }
+        out[i] = (unsigned char)fits;
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&tails);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
+/* key_groups(hashes, max_parallelism) -> bytes: Flink's KeyGroupRangeAssignment.computeKeyGroupForKeyHash
+ * (MathUtils.murmurHash of the hash code, modulo the max parallelism) of each native uint32 hash
+ * code, as native int32s. */
+static PyObject *key_groups(PyObject *self, PyObject *args) {
+    Py_buffer hashes;
+    long long max_parallelism;
+    if (!PyArg_ParseTuple(args, "y*L", &hashes, &max_parallelism)) return NULL;
+    if (max_parallelism <= 0 || max_parallelism > INT32_MAX) {
+        PyBuffer_Release(&hashes);
+        return PyErr_Format(PyExc_ValueError, "max parallelism %lld out of range", max_parallelism);
+    }
+    Py_ssize_t count = hashes.len / (Py_ssize_t)sizeof(uint32_t);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int32_t));
+    if (result != NULL) {
+        const uint32_t *in = hashes.buf;
+        int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
+        uint32_t modulus = (uint32_t)max_parallelism;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t code = in[i] * 0xCC9E2D51u;
+            code = (code << 15) | (code >> 17);
+            code *= 0x1B873593u;
+            code = (code << 13) | (code >> 19);
+            code = code * 5u + 0xE6546B64u;
+            code ^= 4u;
+            code ^= code >> 16;
+            code *= 0x85EBCA6Bu;
+            code ^= code >> 13;
+            code *= 0xC2B2AE35u;
+            code ^= code >> 16;
+            int32_t signed_code = (int32_t)code;
+            uint32_t positive = signed_code >= 0 ? (uint32_t)signed_code : signed_code == INT32_MIN ? 0u : (uint32_t)(-signed_code);
+            out[i] = (int32_t)(positive % modulus);
+        }
+    }
+    PyBuffer_Release(&hashes);
     return result;
 }
 
@@ -271,6 +375,8 @@ static PyMethodDef methods[] = {
     {"frame", frame, METH_VARARGS, "Offsets of the length fields of every whole record, and the end of the last."},
     {"frame_segments", frame_segments, METH_VARARGS, "frame() of each segment between the bounds, in one pass."},
     {"gather", gather, METH_VARARGS, "Concatenate data[starts[i]:ends[i]]."},
+    {"key_groups", key_groups, METH_VARARGS, "Key groups of uint32 hash codes (Flink's murmur hash), as int32s."},
+    {"string_tails", string_tails, METH_VARARGS, "Whether each data[tails[i]:ends[i]] is exactly one StringValue (0/1 bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -111,5 +111,68 @@ def lengths(data: Any, offsets: Any) -> bytes:
     return np.asarray(_checked_lengths(_as_bytes(data), _int64s(offsets)), dtype=np.int64).tobytes()
 
 
+def string_tails(data: Any, tails: Any, ends: Any) -> bytes:
+    """For each i, 1 where data[tails[i]:ends[i]] is exactly one StringValue (a varint of its
+    length + 1, at most 5 bytes, 0 for null, then one varint per UTF-16 unit, each ending in its
+    one byte below 0x80), else 0."""
+    raw = np.frombuffer(_as_bytes(data), dtype=np.uint8)
+    tail, end = _int64s(tails), _int64s(ends)
+    if len(tail) != len(end):
+        raise ValueError("starts and ends differ in length")
+    if len(tail) and ((tail < 0).any() or (end < 0).any() or (end > len(raw)).any()):
+        raise ValueError("range outside the data")
+    if not len(tail):
+        return b""
+
+    def byte(at: np.ndarray) -> np.ndarray:  # where ``at`` is past the value the value does not fit anyway
+        return raw[np.clip(at, 0, len(raw) - 1)].astype(np.int64)
+
+    first = byte(tail)
+    length, size, more = first & 0x7F, np.ones_like(tail), first >= 0x80
+    for k in range(1, 5):
+        if not more.any():
+            break
+        following = byte(tail + k)
+        length |= np.where(more, (following & 0x7F) << (7 * k), 0)
+        size += more
+        more &= following >= 0x80
+    chars = tail + size
+    fits = (tail < end) & ~more & (chars <= end)
+    chars = np.minimum(chars, end)
+    empty = chars == end
+    endings = end - chars
+    low, top = int(chars.min()), int(end.max())  # only the values' bytes (data may be a batch's)
+    high = np.flatnonzero(raw[low:top] >= 0x80) + low
+    if len(high):
+        endings -= np.searchsorted(high, end) - np.searchsorted(high, chars)
+    whole = empty | (byte(end - 1) < 0x80)
+    return (fits & np.where(length == 0, empty, (endings == length - 1) & whole)).astype(np.uint8).tobytes()
+
+
+def key_groups(hashes: Any, max_parallelism: int) -> bytes:
+    """Flink's ``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` (``MathUtils.murmurHash`` of
+    the hash code, modulo the max parallelism) of each native uint32 hash code, as native int32s."""
+    if max_parallelism <= 0 or max_parallelism > 0x7FFFFFFF:
+        raise ValueError(f"max parallelism {max_parallelism} out of range")
+    u32 = np.uint32
+    view = _as_bytes(hashes)
+    code = np.frombuffer(view[: len(view) // 4 * 4], dtype=u32)
+    with np.errstate(over="ignore"):
+        code = code * u32(0xCC9E2D51)
+        code = (code << u32(15)) | (code >> u32(17))
+        code = code * u32(0x1B873593)
+        code = (code << u32(13)) | (code >> u32(19))
+        code = code * u32(5) + u32(0xE6546B64)
+        code ^= u32(4)
+        code ^= code >> u32(16)
+        code = code * u32(0x85EBCA6B)
+        code ^= code >> u32(13)
+        code = code * u32(0xC2B2AE35)
+        code ^= code >> u32(16)
+    signed = code.view(np.int32).astype(np.int64)
+    positive = np.where(signed == -(1 << 31), 0, np.abs(signed))
+    return (positive % max_parallelism).astype(np.int32).tobytes()
+
+
 def reuse_memory() -> None:
     """glibc's mallopt tuning of the C module; nothing to do here."""

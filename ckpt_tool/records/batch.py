@@ -12,7 +12,7 @@ value fills exactly its framed length, with NumPy where the type's layout allows
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional
 
@@ -20,7 +20,6 @@ import numpy as np
 
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.framing import framing as _framing
-from ckpt_tool.records.keys import MURMUR_C1, MURMUR_C2
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type
 from ckpt_tool.records.types.binary import null_bits_size
@@ -36,13 +35,18 @@ class ChannelRecords:
     ends: np.ndarray
     tags: np.ndarray
     trailing: int
+    _value_starts: Optional[np.ndarray] = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_record(self) -> np.ndarray:
         return self.tags <= RECORD  # RECORD_WITH_TIMESTAMP or RECORD
 
     def value_starts(self) -> np.ndarray:
-        return self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
+        """Where each element's value begins (after its tag and timestamp); computed once (the value
+        check and the key fields both need it)."""
+        if self._value_starts is None:
+            self._value_starts = self.starts + 4 + np.where(self.tags == RECORD_WITH_TIMESTAMP, 9, 1)
+        return self._value_starts
 
     def element(self, index: int) -> bytes:
         return self.data[self.starts[index] + 4 : self.ends[index]]
@@ -147,7 +151,7 @@ def _first(mask: np.ndarray) -> int:
 
 def _check_elements(starts: np.ndarray, tags: np.ndarray, sizes: np.ndarray) -> None:
     known = tags <= RECORD
-    for tag, (kind, size) in NON_RECORDS.items():
+    for tag, (kind, size) in NON_RECORDS.items() if not known.all() else ():  # records only: nothing else to check
         mine = tags == tag
         known |= mine
         wrong = mine & (sizes != 1 + size)
@@ -311,27 +315,12 @@ def _fits(layout: _Layout, data: bytes, starts: np.ndarray, ends: np.ndarray) ->
         length = (byte(tail) << 24 | byte(tail + 1) << 16 | byte(tail + 2) << 8 | byte(tail + 3)).astype(np.uint32).view(np.int32)
         return fits & (length >= layout.minimum) & (ends == tail + 4 + length)
     # a string: the varint of its length + 1 (at most 5 bytes), then that many - 1 varints, each
-    # ending in the one byte of it below 0x80: the bytes from 0x80 (few, in most text) are counted
-    first = byte(tail)
-    length, size, more = first & 0x7F, np.ones_like(tail), first >= 0x80
-    for k in range(1, 5):
-        if not more.any():
-            break
-        following = byte(tail + k)
-        length |= np.where(more, (following & 0x7F) << (7 * k), 0)
-        size += more
-        more &= following >= 0x80
-    chars = tail + size
-    fits &= ~more & (chars <= ends)
-    chars = np.minimum(chars, ends)
-    empty = chars == ends
-    endings = ends - chars
-    low, top = (int(chars.min()), int(ends.max())) if len(ends) else (0, 0)  # only the values' bytes (data may be a batch's)
-    high = np.flatnonzero(raw[low:top] >= 0x80) + low
-    if len(high):
-        endings -= np.searchsorted(high, ends) - np.searchsorted(high, chars)
-    whole = empty | (byte(ends - 1) < 0x80)
-    return fits & np.where(length == 0, empty, (endings == length - 1) & whole)
+    # ending in the one byte of it below 0x80 (one C pass over the values' bytes)
+    checked = np.flatnonzero(fits)
+    if len(checked):
+        tails, last = np.ascontiguousarray(tail[checked], dtype=np.int64), np.ascontiguousarray(ends[checked], dtype=np.int64)
+        fits[checked] = np.frombuffer(_framing.string_tails(data, tails, last), dtype=np.uint8).astype(bool)
+    return fits
 
 
 # --- key groups ---------------------------------------------------------------------------------
@@ -353,22 +342,9 @@ def _field_hash(values: np.ndarray, name: str) -> np.ndarray:
 
 
 def murmur_key_groups(hashes: np.ndarray, max_parallelism: int) -> np.ndarray:
-    """``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` for an array of uint32 hash codes."""
-    with np.errstate(over="ignore"):
-        code = hashes.astype(_U32) * _U32(MURMUR_C1)
-        code = (code << _U32(15)) | (code >> _U32(17))
-        code = code * _U32(MURMUR_C2)
-        code = (code << _U32(13)) | (code >> _U32(19))
-        code = code * _U32(5) + _U32(0xE6546B64)
-        code ^= _U32(4)
-        code ^= code >> _U32(16)
-        code = code * _U32(0x85EBCA6B)
-        code ^= code >> _U32(13)
-        code = code * _U32(0xC2B2AE35)
-        code ^= code >> _U32(16)
-    signed = code.view(np.int32).astype(np.int64)
-    positive = np.where(signed == -(1 << 31), 0, np.abs(signed))
-    return (positive % max_parallelism).astype(np.int32)
+    """``KeyGroupRangeAssignment.computeKeyGroupForKeyHash`` for an array of uint32 hash codes (one C loop)."""
+    codes = np.ascontiguousarray(hashes, dtype=_U32)
+    return np.frombuffer(_framing.key_groups(codes, max_parallelism), dtype=np.int32)
 
 
 class KeyGroups:
