@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import read_metadata, write_metadata
+from ckpt_tool.flink.metadata import MERGED, PLAIN, channel_handle_form, read_metadata, set_channel_handle_form, write_metadata
 from ckpt_tool.flink.model import INPUT, OUTPUT, MergedChannelStateHandle
 
 
@@ -78,3 +81,21 @@ def test_merged_handles_reencode_identically(fixture):
             for handle in s.input_channels + s.output_channels:
                 if isinstance(handle, MergedChannelStateHandle):
                     assert serialize_merged_offsets(handle.channels) == handle.serialized_offsets
+
+
+def test_channel_handles_merge_again_as_flink_merged_them(fixture):
+    """Opened up into one handle per channel and merged again, a checkpoint's channel handles are
+    byte for byte what Flink wrote (one merged handle per subtask and delegate file, in Flink's
+    order); metadata before version 6 holds plain handles only and stays as it is."""
+    data = fixture.metadata_file.read_bytes()
+    md = read_metadata(data)
+    assert channel_handle_form(md) == (MERGED if md.version >= 6 else PLAIN)
+    set_channel_handle_form(md, PLAIN)
+    handles = [h for op in md.operators for s in op.subtasks for h in s.input_channels + s.output_channels]
+    assert not any(isinstance(h, MergedChannelStateHandle) for h in handles)
+    if md.version >= 6:
+        set_channel_handle_form(md, MERGED)
+    else:
+        with pytest.raises(CheckpointFormatError, match="cannot hold merged channel state handles"):
+            set_channel_handle_form(md, MERGED)
+    assert write_metadata(md) == data

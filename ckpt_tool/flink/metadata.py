@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import struct
+from collections.abc import Sequence
 from typing import NoReturn, Optional
 
 from ckpt_tool.errors import CheckpointFormatError
@@ -22,6 +23,7 @@ from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
     UPPER_BOUND_MAX_PARALLELISM,
+    AnyChannelHandle,
     ByteStreamHandle,
     ChangelogBackendHandle,
     ChangelogStreamHandle,
@@ -77,6 +79,8 @@ SEGMENT_OPERATOR_STATE = 17
 # buffer offsets), read in one go: metadata of a job at parallelism p holds up to p^2 of them.
 _CHANNEL_HEAD = struct.Struct(">iiii")
 _LONG = struct.Struct(">q")
+_INT = struct.Struct(">i")
+_MERGED_CHANNEL_HEAD = struct.Struct(">iiqi")  # a channel in a merged handle: info, state size, offset count
 _OFFSETS = {count: struct.Struct(f">{count}q") for count in range(1, 9)}
 _FILE_TAGS = (bytes([FILE_STREAM]), bytes([RELATIVE_STREAM]))
 CHANNEL_TAGS = {(INPUT, False): 1, (OUTPUT, False): 2, (INPUT, True): 3, (OUTPUT, True): 4}
@@ -515,18 +519,101 @@ def write_metadata(metadata: CheckpointMetadata) -> bytes:
     return w.w.getvalue()
 
 
-def serialize_merged_offsets(channels: list[ChannelStateHandle]) -> bytes:
-    """The ``serializedChannelOffsets`` of a merged handle holding ``channels``."""
-    w = JavaWriter()
-    w.i32(len(channels))
+def serialize_merged_offsets(channels: Sequence[ChannelStateHandle]) -> bytes:
+    """The ``serializedChannelOffsets`` of a merged handle holding ``channels``, as
+    ``AbstractMergedChannelStateHandle`` writes them: their count, then per channel its info,
+    state size and buffer offsets."""
+    out = bytearray(_INT.pack(len(channels)))
+    head = _MERGED_CHANNEL_HEAD.pack
     for ch in channels:
-        w.i32(ch.info[0])
-        w.i32(ch.info[1])
-        w.i64(ch.state_size)
-        w.i32(len(ch.offsets))
-        for offset in ch.offsets:
-            w.i64(offset)
-    return w.getvalue()
+        offsets = ch.offsets
+        count = len(offsets)
+        out += head(ch.info[0], ch.info[1], ch.state_size, count)
+        if 0 < count <= 8:
+            out += _OFFSETS[count].pack(*offsets)
+        elif count:
+            out += struct.pack(f">{count}q", *offsets)
+    return bytes(out)
+
+
+# --- plain or merged channel state handles -------------------------------------------------------
+
+PLAIN = "plain"
+MERGED = "merged"
+HANDLE_FORMS = (PLAIN, MERGED)
+MERGED_SINCE = 6  # the metadata version (Flink 2.1) that holds merged channel state handles
+
+
+def channel_handle_form(metadata: CheckpointMetadata) -> str:
+    """How ``metadata`` holds its in-flight data: ``MERGED`` where its channel handles are merged
+    ones (Flink 2.1+ writes nothing else, FLINK-33734) or where it holds none in a version that
+    holds merged ones; ``PLAIN`` otherwise (one handle per channel, Flink up to 2.0)."""
+    if metadata.version < MERGED_SINCE:
+        return PLAIN
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for handle in s.input_channels or s.output_channels:
+                return MERGED if isinstance(handle, MergedChannelStateHandle) else PLAIN
+    return MERGED
+
+
+def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
+    """Make every subtask hold its channel handles in ``form``, in place: ``PLAIN``, one handle per
+    channel; ``MERGED``, one merged handle per subtask index and delegate, direction by direction,
+    as Flink's ``ChannelStateHelper.mergeInputStateCollection`` / ``mergeOutputStateCollection``
+    group them (by delegate; each in the order its channels come). A merged handle that stays
+    whole is kept as it is."""
+    if form not in HANDLE_FORMS:
+        raise ValueError(f"unknown channel handle form {form!r}")
+    if form == MERGED and metadata.version < MERGED_SINCE:
+        raise CheckpointFormatError(
+            f"metadata version {metadata.version} cannot hold merged channel state handles "
+            f"(version {MERGED_SINCE}, Flink 2.1, introduced them)"
+        )
+    for op in metadata.operators:
+        for s in op.subtasks:
+            if form == PLAIN:
+                s.input_channels = list[AnyChannelHandle](s.channel_handles(INPUT))
+                s.output_channels = list[AnyChannelHandle](s.channel_handles(OUTPUT))
+            else:
+                s.input_channels = list[AnyChannelHandle](merge_channel_handles(s.input_channels))
+                s.output_channels = list[AnyChannelHandle](merge_channel_handles(s.output_channels))
+
+
+def merge_channel_handles(handles: list) -> list[MergedChannelStateHandle]:
+    """``handles`` (plain or merged, of one direction) as merged handles: one per subtask index and
+    delegate (by identity: the channels of one file share its handle object)."""
+    if all(isinstance(h, MergedChannelStateHandle) for h in handles):
+        # already merged: kept unless two of them share a subtask index and delegate
+        keys = {(h.subtask_index, id(h.delegate)) for h in handles}
+        if len(keys) == len(handles):
+            return handles
+    groups: dict[tuple[int, int], list[ChannelStateHandle]] = {}
+    whole: dict[int, MergedChannelStateHandle] = {}  # merged handles read, by id of their first channel
+    for handle in handles:
+        channels = handle.channels if isinstance(handle, MergedChannelStateHandle) else (handle,)
+        if isinstance(handle, MergedChannelStateHandle) and handle.channels:
+            whole[id(handle.channels[0])] = handle
+        for ch in channels:
+            groups.setdefault((ch.subtask_index, id(ch.delegate)), []).append(ch)
+    result = []
+    for (subtask, _), channels in groups.items():
+        known = whole.get(id(channels[0]))
+        if known is not None and len(known.channels) == len(channels) and all(a is b for a, b in zip(known.channels, channels)):
+            result.append(known)
+            continue
+        first = channels[0]
+        result.append(
+            MergedChannelStateHandle(
+                first.direction,
+                subtask,
+                sum(ch.state_size for ch in channels),
+                first.delegate,
+                serialize_merged_offsets(channels),
+                channels,
+            )
+        )
+    return result
 
 
 class _MetadataWriter:
