@@ -99,3 +99,31 @@ def test_channel_handles_merge_again_as_flink_merged_them(fixture):
         with pytest.raises(CheckpointFormatError, match="cannot hold merged channel state handles"):
             set_channel_handle_form(md, MERGED)
     assert write_metadata(md) == data
+
+
+def test_merged_handles_know_their_channels_without_decoding(fixture):
+    """A merged handle keeps Flink's bytes and decodes its channels where used; its totals, its
+    gates and the per-gate views agree with the decoded channels."""
+    md = Checkpoint.open(str(fixture.checkpoint)).metadata
+    for op in md.operators:
+        for s in op.subtasks:
+            for direction in (INPUT, OUTPUT):
+                handles = s.input_channels if direction == INPUT else s.output_channels
+                for handle in handles:
+                    if not isinstance(handle, MergedChannelStateHandle):
+                        continue
+                    channels = handle.channels
+                    assert channels and channels == handle.channels and channels[0] is not handle.channels[0]
+                    assert {(ch.direction, ch.subtask_index) for ch in channels} == {(direction, handle.subtask_index)}
+                    assert all(ch.delegate is handle.delegate for ch in channels)
+                    assert handle.channel_count == len(channels)
+                    assert handle.buffer_count == sum(ch.buffer_count for ch in channels)
+                    assert handle.channel_bytes == sum(ch.state_size for ch in channels) == handle.state_size
+                    assert handle.payload_bytes == sum(ch.payload_bytes for ch in channels)
+                    assert handle.gates == tuple(dict.fromkeys(ch.info[0] for ch in channels))
+                every = s.channel_handles(direction)
+                for gate in {h.info[0] for h in every} | {99}:
+                    assert s.channels_on(direction, gate) == [h for h in every if h.info[0] == gate]
+                    on = s.channel_handles_on(direction, lambda g, gate=gate: g == gate)
+                    opened = [c for h in on for c in (h.channels if isinstance(h, MergedChannelStateHandle) else [h])]
+                    assert opened == [h for h in every if h.info[0] == gate]

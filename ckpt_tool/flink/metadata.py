@@ -468,9 +468,50 @@ class _MetadataReader:
         delegate = self.stream_handle()
         at = r.pos
         serialized = r.raw(r.count("length of merged channel offsets"), "merged channel offsets")
-        merged = MergedChannelStateHandle(direction, subtask, size, delegate, serialized)
-        merged.channels = _unmerge(merged, JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"), self)
-        return merged
+        totals = _merged_offsets_totals(serialized)
+        if totals is None:  # not well formed: read field by field, for the error that says where
+            _unmerge(JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"))
+            totals = _merged_offsets_totals(serialized, check=False)
+        assert totals is not None  # _unmerge raised, or every field is in place
+        return MergedChannelStateHandle(direction, subtask, size, delegate, serialized, *totals)
+
+
+def _merged_offsets_totals(data: bytes, check: bool = True) -> Optional[tuple[int, int, int, tuple[int, ...]]]:
+    """Channels, buffers, the sum of channel state sizes and the gates (or partitions) of merged channel offsets, in one pass
+    of a few unpacks per channel; None where anything is not as Flink writes it (``_unmerge``
+    then names it): a negative index or size, buffer offsets inside the file header, repeated or
+    overlapping, more than 8 bytes' worth of them left, trailing bytes."""
+    if len(data) < 4:
+        return None
+    (count,) = _INT.unpack_from(data, 0)
+    end = len(data)
+    if count < 0 or 20 * count > end - 4:
+        return None
+    pos, buffers, size_sum = 4, 0, 0
+    gates: dict[int, None] = {}
+    head = _MERGED_CHANNEL_HEAD.unpack_from
+    for _ in range(count):
+        if pos + 20 > end:
+            return None
+        gate, channel, size, number = head(data, pos)
+        pos += 20
+        if check and (gate < 0 or channel < 0 or size < 0 or number < 0 or pos + 8 * number > end):
+            return None
+        if number:
+            offsets = _OFFSETS[number].unpack_from(data, pos) if number <= 8 else struct.unpack_from(f">{number}q", data, pos)
+            if check:
+                previous = -1
+                for offset in offsets:
+                    if offset < 4 or offset < previous + 4:
+                        return None
+                    previous = offset
+        pos += 8 * number
+        buffers += number
+        size_sum += size
+        gates[gate] = None
+    if pos != end:
+        return None
+    return count, buffers, size_sum, tuple(gates)
 
 
 def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
@@ -487,22 +528,16 @@ def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
     return offsets
 
 
-def _unmerge(merged: MergedChannelStateHandle, r: JavaReader, reader: _MetadataReader) -> list[ChannelStateHandle]:
-    """Decode ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets."""
-    channels = []
-    shared, shared_size = reader._shared.setdefault, reader.shared_size
+def _unmerge(r: JavaReader) -> None:
+    """Read ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets field by field,
+    failing where they are not as Flink writes them."""
     for _ in range(r.count("number of merged channels")):
-        info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
-        size = r.i64("channel state size")
-        offsets = _buffer_offsets(r)
-        channels.append(
-            ChannelStateHandle(
-                merged.direction, merged.subtask_index, shared(info, info), offsets, shared_size(size), merged.delegate
-            )
-        )
+        r.i32("gate or partition index")
+        r.i32("channel or subpartition index")
+        r.i64("channel state size")
+        _buffer_offsets(r)
     if r.remaining:
         r.fail("trailing bytes in merged channel offsets")
-    return channels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -580,27 +615,25 @@ def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
                 s.output_channels = list[AnyChannelHandle](merge_channel_handles(s.output_channels))
 
 
-def merge_channel_handles(handles: list) -> list[MergedChannelStateHandle]:
+def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedChannelStateHandle]:
     """``handles`` (plain or merged, of one direction) as merged handles: one per subtask index and
-    delegate (by identity: the channels of one file share its handle object)."""
-    if all(isinstance(h, MergedChannelStateHandle) for h in handles):
-        # already merged: kept unless two of them share a subtask index and delegate
-        keys = {(h.subtask_index, id(h.delegate)) for h in handles}
-        if len(keys) == len(handles):
-            return handles
-    groups: dict[tuple[int, int], list[ChannelStateHandle]] = {}
-    whole: dict[int, MergedChannelStateHandle] = {}  # merged handles read, by id of their first channel
+    delegate (by identity: the channels of one file share its handle object). A merged handle
+    that nothing joins is kept as it is, undecoded."""
+    groups: dict[tuple[int, int], list[AnyChannelHandle]] = {}
     for handle in handles:
-        channels = handle.channels if isinstance(handle, MergedChannelStateHandle) else (handle,)
-        if isinstance(handle, MergedChannelStateHandle) and handle.channels:
-            whole[id(handle.channels[0])] = handle
-        for ch in channels:
-            groups.setdefault((ch.subtask_index, id(ch.delegate)), []).append(ch)
+        groups.setdefault((handle.subtask_index, id(handle.delegate)), []).append(handle)
     result = []
-    for (subtask, _), channels in groups.items():
-        known = whole.get(id(channels[0]))
-        if known is not None and len(known.channels) == len(channels) and all(a is b for a, b in zip(known.channels, channels)):
-            result.append(known)
+    for (subtask, _), members in groups.items():
+        if len(members) == 1 and isinstance(members[0], MergedChannelStateHandle):
+            result.append(members[0])
+            continue
+        channels: list[ChannelStateHandle] = []
+        for member in members:
+            if isinstance(member, MergedChannelStateHandle):
+                channels += member.channels
+            else:
+                channels.append(member)
+        if not channels:
             continue
         first = channels[0]
         result.append(
@@ -610,7 +643,10 @@ def merge_channel_handles(handles: list) -> list[MergedChannelStateHandle]:
                 sum(ch.state_size for ch in channels),
                 first.delegate,
                 serialize_merged_offsets(channels),
-                channels,
+                len(channels),
+                sum(len(ch.offsets) for ch in channels),
+                sum(ch.state_size for ch in channels),
+                tuple(dict.fromkeys(ch.info[0] for ch in channels)),
             )
         )
     return result
@@ -897,9 +933,7 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:
-                ch.delegate = shared(ch.delegate)
-                for inner in getattr(ch, "channels", ()):
-                    inner.delegate = ch.delegate
+                ch.delegate = shared(ch.delegate)  # a merged handle's channels decode with its delegate
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:
