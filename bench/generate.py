@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckpt_tool.flink.channel_state import write_channel_state_file  # noqa: E402
 from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
-from ckpt_tool.flink.metadata import HANDLE_FORMS, channel_handle_form, read_metadata  # noqa: E402
+from ckpt_tool.flink.metadata import HANDLE_FORMS, MERGED, channel_handle_form, merge_channel_handles, read_metadata  # noqa: E402
 from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
 from ckpt_tool.ops.rescale import rescale  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
@@ -139,6 +139,8 @@ def generate(
             total += writer.size
         handles.sort(key=lambda h: h.info)
         subtask.input_channels = handles + [h for h in subtask.channel_handles(INPUT) if h.info[0] != 0]
+        if form == MERGED:  # merged subtask by subtask: a handle per channel lives only meanwhile
+            subtask.input_channels = merge_channel_handles(subtask.input_channels)
     write_checkpoint(source, metadata, str(out), {}, already_written=frozenset(written), channel_handles=form)
     info = {
         "parallelism": parallelism,

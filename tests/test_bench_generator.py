@@ -18,6 +18,14 @@ def test_generated_checkpoint_restores_with_exact_count(tmp_path):
     info = generate(checkpoint, 3, 1_500_000)
     assert info["generated_records"] > 5000
     assert json.loads((tmp_path / "job" / "chk-3.json").read_text()) == info
+    # written as Flink 2.3 writes them: each subtask's channels of one file in one merged handle
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.flink.model import MergedChannelStateHandle
+
+    slow = Checkpoint.open(str(checkpoint)).metadata.operator("slow-count")
+    merged = [h for s in slow.subtasks for h in s.input_channels]
+    assert info["handles"] == "merged" and all(isinstance(h, MergedChannelStateHandle) for h in merged)
+    assert max(h.channel_count for h in merged) >= 3
     assert flink_env.restore_count("2.3.0", checkpoint, 3, backend="hashmap") == info["expected_count"]
 
 
