@@ -477,10 +477,11 @@ class _MetadataReader:
 
 
 def _merged_offsets_totals(data: bytes, check: bool = True) -> Optional[tuple[int, int, int, tuple[int, ...]]]:
-    """Channels, buffers, the sum of channel state sizes and the gates (or partitions) of merged channel offsets, in one pass
-    of a few unpacks per channel; None where anything is not as Flink writes it (``_unmerge``
-    then names it): a negative index or size, buffer offsets inside the file header, repeated or
-    overlapping, more than 8 bytes' worth of them left, trailing bytes."""
+    """Channels, buffers, the sum of channel state sizes and the gates (or partitions) of merged
+    channel offsets, in one pass of a few unpacks per channel; None where anything is not as Flink
+    writes it (``_unmerge`` then names it): a negative index, size or count, buffer offsets inside
+    the file header, repeated or overlapping, more offsets than bytes left, trailing bytes.
+    ``check=False``: the totals of offsets ``_unmerge`` read without a fault."""
     if len(data) < 4:
         return None
     (count,) = _INT.unpack_from(data, 0)
