@@ -127,3 +127,37 @@ def test_merged_handles_know_their_channels_without_decoding(fixture):
                     on = s.channel_handles_on(direction, lambda g, gate=gate: g == gate)
                     opened = [c for h in on for c in (h.channels if isinstance(h, MergedChannelStateHandle) else [h])]
                     assert opened == [h for h in every if h.info[0] == gate]
+
+
+@pytest.mark.parametrize("buffers", [0, 1, 3])
+def test_merged_offsets_of_equal_channels_are_checked_as_one_array_as_channel_by_channel(buffers):
+    """Merged offsets whose channels hold the same number of buffers (a job at high parallelism)
+    are checked with NumPy; the totals and what is refused are those of the channel-by-channel walk."""
+    from ckpt_tool.flink.metadata import _merged_offsets_totals, _uniform_offsets_totals, serialize_merged_offsets
+    from ckpt_tool.flink.model import ChannelStateHandle
+
+    def offsets_of(ch):
+        return tuple(4 + 100 * ch + 10 * b for b in range(buffers))
+
+    channels = [ChannelStateHandle(INPUT, 0, (ch % 3, ch), offsets_of(ch), 40 * ch, None) for ch in range(7, 0, -1)]
+    good = serialize_merged_offsets(channels)
+    walked = _merged_offsets_totals(good, check=False)
+    assert _uniform_offsets_totals(good) == walked == (7, 7 * buffers, sum(40 * ch for ch in range(1, 8)), (1, 0, 2))
+    assert _merged_offsets_totals(good) == walked
+    bad = [(0, (-1, 0)), (0, (0, -1))]
+    if buffers:
+        bad += [(0, "offset 3"), (0, "offset repeats")] if buffers > 1 else [(0, "offset 3")]
+    for index, change in bad:
+        broken = list(channels)
+        ch = broken[index]
+        if change == "offset 3":
+            broken[index] = ChannelStateHandle(INPUT, 0, ch.info, (3,) + tuple(ch.offsets[1:]), ch.state_size, None)
+        elif change == "offset repeats":
+            broken[index] = ChannelStateHandle(INPUT, 0, ch.info, (ch.offsets[0],) * buffers, ch.state_size, None)
+        else:
+            broken[index] = ChannelStateHandle(INPUT, 0, change, ch.offsets, ch.state_size, None)
+        data = serialize_merged_offsets(broken)
+        assert _uniform_offsets_totals(data) is None and _merged_offsets_totals(data) is None, change
+    uneven = list(channels) + [ChannelStateHandle(INPUT, 0, (0, 99), tuple(range(4, 12 + 8 * buffers, 8)), 8, None)]
+    data = serialize_merged_offsets(uneven)
+    assert _uniform_offsets_totals(data) is None and _merged_offsets_totals(data) == _merged_offsets_totals(data, check=False)
