@@ -11,10 +11,12 @@ channel, ``sparse`` one in ten; the total bytes stay as asked, except that a fil
 at least one record. Every filled input channel of a subtask gets the same block of records
 (generation stays fast; the copies are on different upstream channels, so they are distinct
 records to Flink and to ckpt). Restoring the result, CountJob counts its source records plus
-every generated record.
+every generated record. ``--handles`` writes the channel state handles ``merged`` (one per
+subtask and file, as Flink 2.1+ writes them) or ``plain`` (one per channel, as Flink up to 2.0);
+by default as the base fixture holds them (merged for the Flink 2.3 fixtures).
 
     python bench/generate.py OUT_DIR --parallelism 64 --bytes 100000000 [--files-per-subtask 1]
-        [--channels dense|sparse] [--base FIXTURE]
+        [--channels dense|sparse] [--base FIXTURE] [--handles plain|merged]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from ckpt_tool.flink.channel_state import write_channel_state_file  # noqa: E402
 from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
+from ckpt_tool.flink.metadata import HANDLE_FORMS, MERGED, channel_handle_form, merge_channel_handles, read_metadata  # noqa: E402
 from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
 from ckpt_tool.ops.rescale import rescale  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
@@ -85,8 +88,10 @@ def generate(
     files_per_subtask: int = 1,
     channels: str = "dense",
     base: Optional[Path] = None,
+    handles: Optional[str] = None,
 ) -> dict:
     base = base or base_fixture(parallelism)
+    form = handles or channel_handle_form(read_metadata(next(base.glob("*/chk-*/_metadata")).read_bytes()))
     staged = out.parent / (out.name + ".base")
     with Session.open(str(next(base.glob("*/chk-*"))), str(SCHEMA), str(base / "plan.json"), "local") as session:
         rescale(session, str(staged), parallelism)
@@ -134,11 +139,14 @@ def generate(
             total += writer.size
         handles.sort(key=lambda h: h.info)
         subtask.input_channels = handles + [h for h in subtask.channel_handles(INPUT) if h.info[0] != 0]
-    write_checkpoint(source, metadata, str(out), {}, already_written=frozenset(written))
+        if form == MERGED:  # merged subtask by subtask: a handle per channel lives only meanwhile
+            subtask.input_channels = merge_channel_handles(subtask.input_channels)
+    write_checkpoint(source, metadata, str(out), {}, already_written=frozenset(written), channel_handles=form)
     info = {
         "parallelism": parallelism,
         "max_parallelism": slow.max_parallelism,
         "channels": channels,
+        "handles": form,
         "base": base.name,
         "generated_records": generated,
         "expected_count": json.loads((base / "fixture.json").read_text())["source_records"] + generated,
@@ -157,9 +165,11 @@ def main() -> int:
     parser.add_argument("--files-per-subtask", type=int, default=1)
     parser.add_argument("--channels", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--base", help="the fixture to start from (a directory name under fixtures/)")
+    parser.add_argument("--handles", choices=HANDLE_FORMS, help="channel state handles: plain or merged (default: as the base)")
     args = parser.parse_args()
     base = ROOT / "fixtures" / args.base if args.base else None
-    print(json.dumps(generate(Path(args.out), args.parallelism, args.bytes, args.files_per_subtask, args.channels, base)))
+    info = generate(Path(args.out), args.parallelism, args.bytes, args.files_per_subtask, args.channels, base, args.handles)
+    print(json.dumps(info))
     return 0
 
 

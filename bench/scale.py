@@ -18,6 +18,7 @@ The last line: ``scale_flatness`` = the worst, over the commands, of time at the
 at the smallest (CPU seconds), and ``metadata_vs_flink``.
 
     python bench/scale.py [--parallelism 16 128 1024 4096] [--channels dense sparse] [--bytes 50000000] [--spark]
+        [--handles plain|merged]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
@@ -108,11 +110,11 @@ def reference_keyed(checkpoint: Path, base: Path) -> dict:
     return next(k for k in json.loads(result.stdout)["keyed_operators"] if k["operator"] == SLOW_COUNT)
 
 
-def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool) -> dict:
+def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool, handles: Optional[str] = None) -> dict:
     source = work / f"p{parallelism}-{channels}" / "job" / "chk-3"
     started = time.perf_counter()
     base = LARGE_FIXTURE  # one base at every parallelism: the same keyed state, max parallelism 4,096
-    info = generate(source, parallelism, total_bytes, channels=channels, base=base)
+    info = generate(source, parallelism, total_bytes, channels=channels, base=base, handles=handles)
     generated_s = time.perf_counter() - started
     inputs = ["--plan", str(base / "plan.json"), "--schema", str(SCHEMA)]
     target = source.parent.parent / "out" / "job" / "chk-3"
@@ -153,6 +155,9 @@ def main() -> int:
     parser.add_argument("--bytes", type=int, default=50_000_000, help="in-flight bytes of every checkpoint")
     parser.add_argument("--spark", action="store_true", help="also the rescale on Spark at p=1024")
     parser.add_argument("--work", help="where to write the checkpoints (default: a temporary directory)")
+    parser.add_argument(
+        "--handles", choices=("plain", "merged"), help="channel state handles to generate (default: as the base, merged)"
+    )
     args = parser.parse_args()
     flink_env.ensure_flink("2.3.0")
     work = Path(args.work or tempfile.mkdtemp(prefix="ckpt-bench-scale-"))
@@ -160,7 +165,7 @@ def main() -> int:
     try:
         for channels in args.channels:
             for parallelism in args.parallelism:
-                row = bench_one(work, parallelism, channels, args.bytes, args.spark and parallelism == 1024)
+                row = bench_one(work, parallelism, channels, args.bytes, args.spark and parallelism == 1024, args.handles)
                 rows.append(row)
                 runs = " ".join(
                     f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu rss={r['rss_mb']}"

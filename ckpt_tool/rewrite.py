@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -33,7 +34,15 @@ from ckpt_tool.engine.tasks import (
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState, RelativeFileHandle, SubtaskState
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    AnyChannelHandle,
+    ChannelStateHandle,
+    OperatorState,
+    RelativeFileHandle,
+    SubtaskState,
+)
 from ckpt_tool.planning import RescalePlan
 from ckpt_tool.records.route import RouteSpec
 from ckpt_tool.session import Session
@@ -243,15 +252,13 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
     rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
     # The channel handles of the replaced exchanges are not copied (the copy drops them below, and
-    # nothing changes them): copying a handle per channel cost more than routing its records.
+    # nothing changes them): copying a handle per channel cost more than routing its records. A
+    # merged handle is copied whole (its channels are bytes, decoded where they are used).
     not_copied: dict[int, object] = {}
     for op in source.metadata.operators:
         for s in op.subtasks:
-            for h in s.channel_handles(INPUT):
-                if (op.id_hex, h.info[0]) in rescaled_inputs:
-                    not_copied[id(h)] = h
-            for h in s.channel_handles(OUTPUT):
-                if (op.id_hex, h.info[0]) in rescaled_outputs:
+            for direction, replaced_here in ((INPUT, rescaled_inputs), (OUTPUT, rescaled_outputs)):
+                for h in s.channel_handles_on(direction, _gates_in(replaced_here, op.id_hex, True)):
                     not_copied[id(h)] = h
     metadata = copy.deepcopy(source.metadata, not_copied)
 
@@ -260,9 +267,10 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     kept: dict[tuple[str, int], tuple[list, list]] = {}
     for op in metadata.operators:
         for s in op.subtasks:
+            # merged handles stay whole (undecoded) where none of their channels is replaced
             kept[(op.id_hex, s.index)] = (
-                [h for h in s.channel_handles(INPUT) if (op.id_hex, h.info[0]) not in rescaled_inputs],
-                [h for h in s.channel_handles(OUTPUT) if (op.id_hex, h.info[0]) not in rescaled_outputs],
+                s.channel_handles_on(INPUT, _gates_in(rescaled_inputs, op.id_hex, False)),
+                s.channel_handles_on(OUTPUT, _gates_in(rescaled_outputs, op.id_hex, False)),
             )
         if plan.changes(op.id_hex):
             new_parallelism = plan.new[op.id_hex]
@@ -319,7 +327,8 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
             if s.finished:
                 continue
             inputs, outputs = kept.get((op.id_hex, s.index), ([], []))
-            s.input_channels = inputs + sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
+            arrived = sorted(new_inputs.get((op.id_hex, s.index), []), key=lambda h: h.info)
+            s.input_channels = list[AnyChannelHandle](inputs) + list[AnyChannelHandle](arrived)
             s.output_channels = outputs
 
     read = _verify_output(session, metadata, rescaled, routed, dst)
@@ -330,6 +339,11 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     discard_other_attempts(dst, tasks, routed)  # the last sweep: an attempt Spark lost track of may write late
     write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed), claim)
     return report
+
+
+def _gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str, wanted: bool) -> Callable[[int], bool]:
+    """Whether a gate (or partition) of the operator is among ``replaced`` (``wanted``) or not."""
+    return lambda gate: ((operator_id, gate) in replaced) == wanted
 
 
 def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
@@ -352,8 +366,9 @@ def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
     referenced: dict[tuple, tuple[str, list[int]]] = {}  # (exchange, subtask, channel) -> file, buffer offsets
     for op in metadata.operators:
+        gates = [gate for operator_id, gate in index_of if operator_id == op.id_hex]
         for s in op.subtasks:
-            for handle in s.channel_handles(INPUT):
+            for handle in (h for gate in gates for h in s.channels_on(INPUT, gate)):
                 exchange_index = index_of.get((op.id_hex, handle.info[0]))
                 delegate = handle.delegate
                 if exchange_index is None or not isinstance(delegate, RelativeFileHandle):

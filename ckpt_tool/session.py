@@ -17,7 +17,6 @@ from typing import Optional, Union
 from ckpt_tool.engine import Engine, Progress, make_engine
 from ckpt_tool.exchanges import resolve_partitions
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.flink.plan import JobPlan, load_job_plan
 from ckpt_tool.records.described import load_exchanges
 from ckpt_tool.records.key_serializer import check_key_types
@@ -92,11 +91,7 @@ class Session:
     def in_flight_bytes(self) -> int:
         """Channel-state payload bytes, from the metadata alone."""
         return sum(
-            h.payload_bytes
-            for op in self.metadata.operators
-            for s in op.subtasks
-            for d in (INPUT, OUTPUT)
-            for h in s.channel_handles(d)
+            h.payload_bytes for op in self.metadata.operators for s in op.subtasks for h in s.input_channels + s.output_channels
         )
 
     @property

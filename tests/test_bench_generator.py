@@ -18,6 +18,14 @@ def test_generated_checkpoint_restores_with_exact_count(tmp_path):
     info = generate(checkpoint, 3, 1_500_000)
     assert info["generated_records"] > 5000
     assert json.loads((tmp_path / "job" / "chk-3.json").read_text()) == info
+    # written as Flink 2.3 writes them: each subtask's channels of one file in one merged handle
+    from ckpt_tool.flink.checkpoint import Checkpoint
+    from ckpt_tool.flink.model import MergedChannelStateHandle
+
+    slow = Checkpoint.open(str(checkpoint)).metadata.operator("slow-count")
+    merged = [h for s in slow.subtasks for h in s.input_channels]
+    assert info["handles"] == "merged" and all(isinstance(h, MergedChannelStateHandle) for h in merged)
+    assert {h.delegate.relative_path for h in merged} >= {f"bench-inflight-{i}-0" for i in range(3)}
     assert flink_env.restore_count("2.3.0", checkpoint, 3, backend="hashmap") == info["expected_count"]
 
 
@@ -38,21 +46,30 @@ def test_generated_checkpoint_rescaled_as_the_benchmark_does_restores_exactly(tm
     assert flink_env.restore_count("2.3.0", target, 3, backend="hashmap") == info["expected_count"]
 
 
-def test_sparse_channels_from_the_large_max_parallelism_fixture(tmp_path):
+@pytest.mark.parametrize("handles", [None, "plain"])
+def test_sparse_channels_from_the_large_max_parallelism_fixture(tmp_path, handles):
     """Above p=128 the generator starts from flink23-maxp4096-p2; sparse fills one channel in ten,
-    every subtask owns a key, and the metadata reads back channel by channel."""
+    every subtask owns a key, and the metadata reads back channel by channel. Its channel handles
+    are merged as the fixture's (one per subtask and file), or plain where asked."""
     from generate import LARGE_FIXTURE, filled
 
     from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.flink.model import INPUT
+    from ckpt_tool.flink.metadata import channel_handle_form
+    from ckpt_tool.flink.model import INPUT, MergedChannelStateHandle
 
     checkpoint = tmp_path / "job" / "chk-3"
-    info = generate(checkpoint, 12, 200_000, channels="sparse", base=LARGE_FIXTURE)
+    info = generate(checkpoint, 12, 200_000, channels="sparse", base=LARGE_FIXTURE, handles=handles)
     assert (info["max_parallelism"], info["channels"], info["base"]) == (4096, "sparse", "flink23-maxp4096-p2")
-    slow = Checkpoint.open(str(checkpoint)).metadata.operator("slow-count")
+    metadata = Checkpoint.open(str(checkpoint)).metadata
+    assert channel_handle_form(metadata) == info["handles"] == (handles or "merged")
+    slow = metadata.operator("slow-count")
     generated = {(h.info[1], s.index) for s in slow.subtasks for h in s.channel_handles(INPUT) if h.info[0] == 0}
     wanted = {(u, d) for u in range(12) for d in range(12) if filled(u, d, 12, "sparse")}
     assert wanted <= generated and len(wanted) == 15
+    if handles is None:  # one merged handle per subtask and file: bench-inflight-<subtask>-0 holds all its generated channels
+        for s in slow.subtasks:
+            files = [h.delegate.relative_path for h in s.input_channels if isinstance(h, MergedChannelStateHandle)]
+            assert len(files) == len(set(files))
 
 
 def test_inspect_text_sums_channels_per_subtask_past_a_thousand(tmp_path, ckpt):

@@ -10,7 +10,7 @@ import pytest
 import flink_env
 from catalog import tree_digest
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import iter_stream_handles
+from ckpt_tool.flink.metadata import channel_handle_form, iter_stream_handles
 from ckpt_tool.flink.model import FileHandle, RelativeFileHandle
 from ckpt_tool.writer import write_checkpoint
 from ckpt_tool.writer.claim import claimed
@@ -98,6 +98,13 @@ def test_channel_state_written_by_ckpt_restores_with_exact_count(restorable, tmp
     with claimed(str(destination)) as claim:  # the run that writes the channel-state files holds the destination
         metadata, written = rewrite_channel_state(source, destination)
         write_checkpoint(source, metadata, str(destination), {}, already_written=written, claim=claim)
+    # one file per subtask: from Flink 2.1 on, one merged handle per subtask and direction holds all its channels
+    form = channel_handle_form(source.metadata)
+    written_metadata = Checkpoint.open(str(destination)).metadata
+    assert channel_handle_form(written_metadata) == form
+    if form == "merged":
+        subtasks = [s for op in written_metadata.operators for s in op.subtasks]
+        assert all(len(s.input_channels) <= 1 and len(s.output_channels) <= 1 for s in subtasks)
 
     def records(uri):
         return record_multiset(Session.open(str(uri), fixture.schema, fixture.plan))

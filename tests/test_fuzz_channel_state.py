@@ -20,6 +20,7 @@ import pytest
 from catalog import fixture_named
 from ckpt_tool.engine.tasks import channel_tasks
 from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.metadata import PLAIN, set_channel_handle_form
 from ckpt_tool.flink.model import INPUT, OUTPUT
 from ckpt_tool.ops.rescale import rescale
 from ckpt_tool.planning import plan_rescale
@@ -231,6 +232,9 @@ def subjects(tmp_path_factory):
         checkpoint = job / fixture.checkpoint.name
         path = next(p for p in checkpoint.iterdir() if p.name != "_metadata")
         session = Session.open(str(checkpoint), fixture.schema, fixture.plan, "local")
+        # one handle per channel, so that a case can corrupt a channel's offsets in place (a merged
+        # handle's channels are decoded anew at every use)
+        set_channel_handle_form(session.metadata, PLAIN)
         plan = plan_rescale(session.metadata, 3, {}, session.described_exchanges, session.plan)
         made.append(Subject(fixture, session, path, path.read_bytes(), layout_of(session, str(path)), set(plan.rescaled)))
     yield made

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import read_metadata, write_metadata
+from ckpt_tool.flink.metadata import MERGED, PLAIN, channel_handle_form, read_metadata, set_channel_handle_form, write_metadata
 from ckpt_tool.flink.model import INPUT, OUTPUT, MergedChannelStateHandle
 
 
@@ -78,3 +81,83 @@ def test_merged_handles_reencode_identically(fixture):
             for handle in s.input_channels + s.output_channels:
                 if isinstance(handle, MergedChannelStateHandle):
                     assert serialize_merged_offsets(handle.channels) == handle.serialized_offsets
+
+
+def test_channel_handles_merge_again_as_flink_merged_them(fixture):
+    """Opened up into one handle per channel and merged again, a checkpoint's channel handles are
+    byte for byte what Flink wrote (one merged handle per subtask and delegate file, in Flink's
+    order); metadata before version 6 holds plain handles only and stays as it is."""
+    data = fixture.metadata_file.read_bytes()
+    md = read_metadata(data)
+    assert channel_handle_form(md) == (MERGED if md.version >= 6 else PLAIN)
+    set_channel_handle_form(md, PLAIN)
+    handles = [h for op in md.operators for s in op.subtasks for h in s.input_channels + s.output_channels]
+    assert not any(isinstance(h, MergedChannelStateHandle) for h in handles)
+    if md.version >= 6:
+        set_channel_handle_form(md, MERGED)
+    else:
+        with pytest.raises(CheckpointFormatError, match="cannot hold merged channel state handles"):
+            set_channel_handle_form(md, MERGED)
+    assert write_metadata(md) == data
+
+
+def test_merged_handles_know_their_channels_without_decoding(fixture):
+    """A merged handle keeps Flink's bytes and decodes its channels where used; its totals, its
+    gates and the per-gate views agree with the decoded channels."""
+    md = Checkpoint.open(str(fixture.checkpoint)).metadata
+    for op in md.operators:
+        for s in op.subtasks:
+            for direction in (INPUT, OUTPUT):
+                handles = s.input_channels if direction == INPUT else s.output_channels
+                for handle in handles:
+                    if not isinstance(handle, MergedChannelStateHandle):
+                        continue
+                    channels = handle.channels
+                    assert channels and channels == handle.channels and channels[0] is not handle.channels[0]
+                    assert {(ch.direction, ch.subtask_index) for ch in channels} == {(direction, handle.subtask_index)}
+                    assert all(ch.delegate is handle.delegate for ch in channels)
+                    assert handle.channel_count == len(channels)
+                    assert handle.buffer_count == sum(ch.buffer_count for ch in channels)
+                    assert handle.channel_bytes == sum(ch.state_size for ch in channels) == handle.state_size
+                    assert handle.payload_bytes == sum(ch.payload_bytes for ch in channels)
+                    assert handle.gates == tuple(dict.fromkeys(ch.info[0] for ch in channels))
+                every = s.channel_handles(direction)
+                for gate in {h.info[0] for h in every} | {99}:
+                    assert s.channels_on(direction, gate) == [h for h in every if h.info[0] == gate]
+                    on = s.channel_handles_on(direction, lambda g, gate=gate: g == gate)
+                    opened = [c for h in on for c in (h.channels if isinstance(h, MergedChannelStateHandle) else [h])]
+                    assert opened == [h for h in every if h.info[0] == gate]
+
+
+@pytest.mark.parametrize("buffers", [0, 1, 3])
+def test_merged_offsets_of_equal_channels_are_checked_as_one_array_as_channel_by_channel(buffers):
+    """Merged offsets whose channels hold the same number of buffers (a job at high parallelism)
+    are checked with NumPy; the totals and what is refused are those of the channel-by-channel walk."""
+    from ckpt_tool.flink.metadata import _merged_offsets_totals, _uniform_offsets_totals, serialize_merged_offsets
+    from ckpt_tool.flink.model import ChannelStateHandle
+
+    def offsets_of(ch):
+        return tuple(4 + 100 * ch + 10 * b for b in range(buffers))
+
+    channels = [ChannelStateHandle(INPUT, 0, (ch % 3, ch), offsets_of(ch), 40 * ch, None) for ch in range(7, 0, -1)]
+    good = serialize_merged_offsets(channels)
+    walked = _merged_offsets_totals(good, check=False)
+    assert _uniform_offsets_totals(good) == walked == (7, 7 * buffers, sum(40 * ch for ch in range(1, 8)), (1, 0, 2))
+    assert _merged_offsets_totals(good) == walked
+    bad = [(0, (-1, 0)), (0, (0, -1))]
+    if buffers:
+        bad += [(0, "offset 3"), (0, "offset repeats")] if buffers > 1 else [(0, "offset 3")]
+    for index, change in bad:
+        broken = list(channels)
+        ch = broken[index]
+        if change == "offset 3":
+            broken[index] = ChannelStateHandle(INPUT, 0, ch.info, (3,) + tuple(ch.offsets[1:]), ch.state_size, None)
+        elif change == "offset repeats":
+            broken[index] = ChannelStateHandle(INPUT, 0, ch.info, (ch.offsets[0],) * buffers, ch.state_size, None)
+        else:
+            broken[index] = ChannelStateHandle(INPUT, 0, change, ch.offsets, ch.state_size, None)
+        data = serialize_merged_offsets(broken)
+        assert _uniform_offsets_totals(data) is None and _merged_offsets_totals(data) is None, change
+    uneven = list(channels) + [ChannelStateHandle(INPUT, 0, (0, 99), tuple(range(4, 12 + 8 * buffers, 8)), 8, None)]
+    data = serialize_merged_offsets(uneven)
+    assert _uniform_offsets_totals(data) is None and _merged_offsets_totals(data) == _merged_offsets_totals(data, check=False)

@@ -10,6 +10,7 @@ import flink_env
 from catalog import COUNTJOB_SCHEMA, RESTORABLE, tree_digest
 from ckpt_tool.engine import LocalEngine
 from ckpt_tool.exchanges import scan_exchanges
+from ckpt_tool.flink.metadata import channel_handle_form
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.ops.rescale import rescale
 from ckpt_tool.planning import RescaleError
@@ -49,7 +50,9 @@ def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, sp
     fixture = base
     info = fixture.info
     before_tree = tree_digest(fixture.directory)
-    before = record_multiset(session_of(fixture.checkpoint, fixture, LocalEngine()))
+    source = session_of(fixture.checkpoint, fixture, LocalEngine())
+    fixture_metadata = source.metadata
+    before = record_multiset(source)
     assert sum(before.values()) > 0
     for parallelism, rescaled, report in run_path(fixture, steps, tmp_path, spark):
         assert report["inflation"] == 1.0 and report["records_out"] == report["records_in"] == sum(before.values())
@@ -61,6 +64,8 @@ def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, sp
         assert not any(
             s.channel_handles(OUTPUT) for op in rescaled.metadata.operators for s in op.subtasks if op.parallelism == parallelism
         )
+        # channel state is written as Flink wrote it: merged handles from Flink 2.1 on, plain ones before
+        assert channel_handle_form(rescaled.metadata) == channel_handle_form(fixture_metadata)
         count = flink_env.restore_count(info["flink_version"], rescaled.checkpoint.uri, parallelism, backend=info["backend"])
         assert count == info["source_records"], f"restore at parallelism {parallelism}"
     assert tree_digest(fixture.directory) == before_tree, "the input checkpoint was modified"

@@ -393,11 +393,9 @@ def logical_channels(
         return channels.setdefault((u, d), LogicalChannel(u, d))
 
     for subtask in downstream.subtasks if downstream else ():
-        for handle in subtask.channel_handles(INPUT):
-            if handle.info[0] == gate:
-                channel(by_input(subtask.index, handle.info[1]), subtask.index, handle).input_handles.append(handle)
+        for handle in subtask.channels_on(INPUT, gate):
+            channel(by_input(subtask.index, handle.info[1]), subtask.index, handle).input_handles.append(handle)
     for subtask in upstream.subtasks if upstream else ():
-        for handle in subtask.channel_handles(OUTPUT):
-            if handle.info[0] == partition:
-                channel(subtask.index, by_output(subtask.index, handle.info[1]), handle).output_handles.append(handle)
+        for handle in subtask.channels_on(OUTPUT, partition):
+            channel(subtask.index, by_output(subtask.index, handle.info[1]), handle).output_handles.append(handle)
     return [channels[key] for key in sorted(channels)]

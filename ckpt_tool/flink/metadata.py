@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import gc
 import struct
+from collections.abc import Sequence
 from typing import NoReturn, Optional
+
+import numpy as np
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.javaio import JavaReader, JavaWriter
@@ -22,6 +25,7 @@ from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
     UPPER_BOUND_MAX_PARALLELISM,
+    AnyChannelHandle,
     ByteStreamHandle,
     ChangelogBackendHandle,
     ChangelogStreamHandle,
@@ -77,6 +81,8 @@ SEGMENT_OPERATOR_STATE = 17
 # buffer offsets), read in one go: metadata of a job at parallelism p holds up to p^2 of them.
 _CHANNEL_HEAD = struct.Struct(">iiii")
 _LONG = struct.Struct(">q")
+_INT = struct.Struct(">i")
+_MERGED_CHANNEL_HEAD = struct.Struct(">iiqi")  # a channel in a merged handle: info, state size, offset count
 _OFFSETS = {count: struct.Struct(f">{count}q") for count in range(1, 9)}
 _FILE_TAGS = (bytes([FILE_STREAM]), bytes([RELATIVE_STREAM]))
 CHANNEL_TAGS = {(INPUT, False): 1, (OUTPUT, False): 2, (INPUT, True): 3, (OUTPUT, True): 4}
@@ -464,9 +470,55 @@ class _MetadataReader:
         delegate = self.stream_handle()
         at = r.pos
         serialized = r.raw(r.count("length of merged channel offsets"), "merged channel offsets")
-        merged = MergedChannelStateHandle(direction, subtask, size, delegate, serialized)
-        merged.channels = _unmerge(merged, JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"), self)
-        return merged
+        totals = _merged_offsets_totals(serialized)
+        if totals is None:  # not well formed: read field by field, for the error that says where
+            _unmerge(JavaReader(serialized, f"{r.source} (merged channel offsets at byte {at})"))
+            totals = _merged_offsets_totals(serialized, check=False)
+        assert totals is not None  # _unmerge raised, or every field is in place
+        return MergedChannelStateHandle(direction, subtask, size, delegate, serialized, *totals)
+
+
+def _merged_offsets_totals(data: bytes, check: bool = True) -> Optional[tuple[int, int, int, tuple[int, ...]]]:
+    """Channels, buffers, the sum of channel state sizes and the gates (or partitions) of merged
+    channel offsets, in one pass of a few unpacks per channel; None where anything is not as Flink
+    writes it (``_unmerge`` then names it): a negative index, size or count, buffer offsets inside
+    the file header, repeated or overlapping, more offsets than bytes left, trailing bytes.
+    ``check=False``: the totals of offsets ``_unmerge`` read without a fault."""
+    if len(data) < 4:
+        return None
+    if check:
+        uniform = _uniform_offsets_totals(data)
+        if uniform is not None:
+            return uniform
+    (count,) = _INT.unpack_from(data, 0)
+    end = len(data)
+    if count < 0 or 20 * count > end - 4:
+        return None
+    pos, buffers, size_sum = 4, 0, 0
+    gates: dict[int, None] = {}
+    head = _MERGED_CHANNEL_HEAD.unpack_from
+    for _ in range(count):
+        if pos + 20 > end:
+            return None
+        gate, channel, size, number = head(data, pos)
+        pos += 20
+        if check and (gate < 0 or channel < 0 or size < 0 or number < 0 or pos + 8 * number > end):
+            return None
+        if number:
+            offsets = _OFFSETS[number].unpack_from(data, pos) if number <= 8 else struct.unpack_from(f">{number}q", data, pos)
+            if check:
+                previous = -1
+                for offset in offsets:
+                    if offset < 4 or offset < previous + 4:
+                        return None
+                    previous = offset
+        pos += 8 * number
+        buffers += number
+        size_sum += size
+        gates[gate] = None
+    if pos != end:
+        return None
+    return count, buffers, size_sum, tuple(gates)
 
 
 def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
@@ -483,22 +535,41 @@ def _buffer_offsets(r: JavaReader) -> tuple[int, ...]:
     return offsets
 
 
-def _unmerge(merged: MergedChannelStateHandle, r: JavaReader, reader: _MetadataReader) -> list[ChannelStateHandle]:
-    """Decode ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets."""
-    channels = []
-    shared, shared_size = reader._shared.setdefault, reader.shared_size
+def _uniform_offsets_totals(data: bytes) -> Optional[tuple[int, int, int, tuple[int, ...]]]:
+    """``_merged_offsets_totals`` of well-formed merged offsets whose channels all list the same
+    number of buffers (up to 8; a channel of a job at high parallelism mostly holds one), checked
+    with a few NumPy passes over them as one array; None for anything else."""
+    (count,) = _INT.unpack_from(data, 0)
+    if count <= 0 or len(data) < 24:
+        return None
+    (buffers,) = _INT.unpack_from(data, 20)
+    if not 0 <= buffers <= 8 or len(data) != 4 + count * (20 + 8 * buffers):
+        return None
+    fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("buffers", ">i4")]
+    channels = np.frombuffer(data, np.dtype(fields + ([("offsets", ">i8", (buffers,))] if buffers else [])), count, 4)
+    if (channels["buffers"] != buffers).any():
+        return None
+    if (channels["gate"] < 0).any() or (channels["channel"] < 0).any() or (channels["size"] < 0).any():
+        return None
+    if buffers:
+        offsets = channels["offsets"]
+        if (offsets[:, 0] < 4).any() or (buffers > 1 and (np.diff(offsets, axis=1) < 4).any()):
+            return None
+    gates, first = np.unique(channels["gate"], return_index=True)
+    in_order = tuple(int(gate) for gate in gates[np.argsort(first)])
+    return count, count * buffers, sum(channels["size"].tolist()), in_order
+
+
+def _unmerge(r: JavaReader) -> None:
+    """Read ``AbstractMergedChannelStateHandle``'s serialized per-channel offsets field by field,
+    failing where they are not as Flink writes them."""
     for _ in range(r.count("number of merged channels")):
-        info = (r.i32("gate or partition index"), r.i32("channel or subpartition index"))
-        size = r.i64("channel state size")
-        offsets = _buffer_offsets(r)
-        channels.append(
-            ChannelStateHandle(
-                merged.direction, merged.subtask_index, shared(info, info), offsets, shared_size(size), merged.delegate
-            )
-        )
+        r.i32("gate or partition index")
+        r.i32("channel or subpartition index")
+        r.i64("channel state size")
+        _buffer_offsets(r)
     if r.remaining:
         r.fail("trailing bytes in merged channel offsets")
-    return channels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -515,18 +586,102 @@ def write_metadata(metadata: CheckpointMetadata) -> bytes:
     return w.w.getvalue()
 
 
-def serialize_merged_offsets(channels: list[ChannelStateHandle]) -> bytes:
-    """The ``serializedChannelOffsets`` of a merged handle holding ``channels``."""
-    w = JavaWriter()
-    w.i32(len(channels))
+def serialize_merged_offsets(channels: Sequence[ChannelStateHandle]) -> bytes:
+    """The ``serializedChannelOffsets`` of a merged handle holding ``channels``, as
+    ``AbstractMergedChannelStateHandle`` writes them: their count, then per channel its info,
+    state size and buffer offsets."""
+    out = bytearray(_INT.pack(len(channels)))
+    head = _MERGED_CHANNEL_HEAD.pack
     for ch in channels:
-        w.i32(ch.info[0])
-        w.i32(ch.info[1])
-        w.i64(ch.state_size)
-        w.i32(len(ch.offsets))
-        for offset in ch.offsets:
-            w.i64(offset)
-    return w.getvalue()
+        offsets = ch.offsets
+        count = len(offsets)
+        out += head(ch.info[0], ch.info[1], ch.state_size, count)
+        if 0 < count <= 8:
+            out += _OFFSETS[count].pack(*offsets)
+        elif count:
+            out += struct.pack(f">{count}q", *offsets)
+    return bytes(out)
+
+
+# --- plain or merged channel state handles -------------------------------------------------------
+
+PLAIN = "plain"
+MERGED = "merged"
+HANDLE_FORMS = (PLAIN, MERGED)
+MERGED_SINCE = 6  # the metadata version (Flink 2.1) that holds merged channel state handles
+
+
+def channel_handle_form(metadata: CheckpointMetadata) -> str:
+    """How ``metadata`` holds its in-flight data: ``MERGED`` where its channel handles are merged
+    ones (Flink 2.1+ writes nothing else, FLINK-33734) or where it holds none in a version that
+    holds merged ones; ``PLAIN`` otherwise (one handle per channel, Flink up to 2.0)."""
+    if metadata.version < MERGED_SINCE:
+        return PLAIN
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for handle in s.input_channels or s.output_channels:
+                return MERGED if isinstance(handle, MergedChannelStateHandle) else PLAIN
+    return MERGED
+
+
+def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
+    """Make every subtask hold its channel handles in ``form``, in place: ``PLAIN``, one handle per
+    channel; ``MERGED``, one merged handle per subtask index and delegate, direction by direction,
+    as Flink's ``ChannelStateHelper.mergeInputStateCollection`` / ``mergeOutputStateCollection``
+    group them (by delegate; each in the order its channels come). A merged handle that stays
+    whole is kept as it is."""
+    if form not in HANDLE_FORMS:
+        raise ValueError(f"unknown channel handle form {form!r}")
+    if form == MERGED and metadata.version < MERGED_SINCE:
+        raise CheckpointFormatError(
+            f"metadata version {metadata.version} cannot hold merged channel state handles "
+            f"(version {MERGED_SINCE}, Flink 2.1, introduced them)"
+        )
+    for op in metadata.operators:
+        for s in op.subtasks:
+            if form == PLAIN:
+                s.input_channels = list[AnyChannelHandle](s.channel_handles(INPUT))
+                s.output_channels = list[AnyChannelHandle](s.channel_handles(OUTPUT))
+            else:
+                s.input_channels = list[AnyChannelHandle](merge_channel_handles(s.input_channels))
+                s.output_channels = list[AnyChannelHandle](merge_channel_handles(s.output_channels))
+
+
+def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedChannelStateHandle]:
+    """``handles`` (plain or merged, of one direction) as merged handles: one per subtask index and
+    delegate (by identity: the channels of one file share its handle object). A merged handle
+    that nothing joins is kept as it is, undecoded."""
+    groups: dict[tuple[int, int], list[AnyChannelHandle]] = {}
+    for handle in handles:
+        groups.setdefault((handle.subtask_index, id(handle.delegate)), []).append(handle)
+    result = []
+    for (subtask, _), members in groups.items():
+        if len(members) == 1 and isinstance(members[0], MergedChannelStateHandle):
+            result.append(members[0])
+            continue
+        channels: list[ChannelStateHandle] = []
+        for member in members:
+            if isinstance(member, MergedChannelStateHandle):
+                channels += member.channels
+            else:
+                channels.append(member)
+        if not channels:
+            continue
+        first = channels[0]
+        result.append(
+            MergedChannelStateHandle(
+                first.direction,
+                subtask,
+                sum(ch.state_size for ch in channels),
+                first.delegate,
+                serialize_merged_offsets(channels),
+                len(channels),
+                sum(len(ch.offsets) for ch in channels),
+                sum(ch.state_size for ch in channels),
+                tuple(dict.fromkeys(ch.info[0] for ch in channels)),
+            )
+        )
+    return result
 
 
 class _MetadataWriter:
@@ -810,9 +965,7 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:
-                ch.delegate = shared(ch.delegate)
-                for inner in getattr(ch, "channels", ()):
-                    inner.delegate = ch.delegate
+                ch.delegate = shared(ch.delegate)  # a merged handle's channels decode with its delegate
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:

@@ -6,7 +6,8 @@ Names follow Flink's classes (``org.apache.flink.runtime.state``) where that hel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -242,11 +243,26 @@ class ChannelStateHandle:
         return self.state_size - 4 * len(self.offsets)
 
 
-@dataclass
+_MERGED_COUNT = struct.Struct(">i")
+_MERGED_CHANNEL = struct.Struct(">iiqi")  # a channel in merged offsets: info, state size, number of offsets
+_MERGED_OFFSETS = {count: struct.Struct(f">{count}q") for count in range(1, 9)}
+# decoded (gate, channel) tuples, one object each, while fewer than this many differ: the p² channels of
+# a job at parallelism p repeat p distinct ones, and callers keep decoded channels of many subtasks
+_INFOS: dict[tuple[int, int], tuple[int, int]] = {}
+SHARED_INFOS = 1 << 16
+
+
+@dataclass(slots=True)
 class MergedChannelStateHandle:
     """Metadata v6's merged handle: all channels of one subtask that share one delegate.
 
-    ``serialized_offsets`` is kept verbatim; ``channels`` is its decoded form.
+    ``serialized_offsets`` is Flink's ``serializedChannelOffsets``, kept verbatim (the reader
+    checked that it decodes). ``channels`` decodes it, into new objects at every call: a job at
+    parallelism p holds p² channels in a few merged handles per subtask, and decoded only while
+    used, one subtask at a time, they take no memory. To change one, build a new merged handle
+    (``merge_channel_handles``). ``channel_count``, ``buffer_count`` and ``channel_bytes`` (the
+    sum of the channels' state sizes) are known without decoding, as are ``gates``: the gates (input)
+    or partitions (output) of its channels, each once.
     """
 
     direction: str
@@ -254,7 +270,69 @@ class MergedChannelStateHandle:
     state_size: int
     delegate: Optional[StreamHandle]
     serialized_offsets: bytes
-    channels: list[ChannelStateHandle] = field(default_factory=list)
+    channel_count: int = -1  # -1: counted from serialized_offsets
+    buffer_count: int = 0
+    channel_bytes: int = 0
+    gates: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.channel_count < 0:
+            totals = merged_offsets_totals(self.serialized_offsets)
+            self.channel_count, self.buffer_count, self.channel_bytes, self.gates = totals
+
+    @property
+    def channels(self) -> list[ChannelStateHandle]:
+        return decode_merged_offsets(self.serialized_offsets, self.direction, self.subtask_index, self.delegate)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Buffer payload bytes of all its channels (``ChannelStateHandle.payload_bytes``)."""
+        if isinstance(self.delegate, ByteStreamHandle):
+            return sum(ch.payload_bytes for ch in self.channels)
+        return self.channel_bytes - 4 * self.buffer_count
+
+
+def merged_offsets_totals(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
+    """Channels, buffers, the sum of state sizes and the gates (or partitions) in well-formed merged offsets."""
+    (count,) = _MERGED_COUNT.unpack_from(data, 0)
+    pos, buffers, size_sum = 4, 0, 0
+    gates: dict[int, None] = {}
+    head = _MERGED_CHANNEL.unpack_from
+    for _ in range(count):
+        gate, _, size, offsets = head(data, pos)
+        pos += 20 + 8 * offsets
+        buffers += offsets
+        size_sum += size
+        gates[gate] = None
+    return count, buffers, size_sum, tuple(gates)
+
+
+def decode_merged_offsets(
+    data: bytes, direction: str, subtask_index: int, delegate: Optional[StreamHandle]
+) -> list[ChannelStateHandle]:
+    """Well-formed merged offsets (``AbstractMergedChannelStateHandle#serializedChannelOffsets``)
+    as one handle per channel, each in ``delegate``."""
+    (count,) = _MERGED_COUNT.unpack_from(data, 0)
+    pos = 4
+    head = _MERGED_CHANNEL.unpack_from
+    channels: list[ChannelStateHandle] = []
+    append = channels.append
+    infos = _INFOS
+    for _ in range(count):
+        gate, channel, size, number = head(data, pos)
+        pos += 20
+        if 0 < number <= 8:
+            offsets: tuple[int, ...] = _MERGED_OFFSETS[number].unpack_from(data, pos)
+        else:
+            offsets = struct.unpack_from(f">{number}q", data, pos)
+        pos += 8 * number
+        info = infos.get((gate, channel))
+        if info is None:
+            info = (gate, channel)
+            if len(infos) < SHARED_INFOS:
+                infos[info] = info
+        append(ChannelStateHandle(direction, subtask_index, info, offsets, size, delegate))
+    return channels
 
 
 # --- operators and the checkpoint ---------------------------------------------------------------
@@ -272,6 +350,39 @@ class SubtaskState:
     raw_keyed: Optional[KeyedHandle] = None
     input_channels: list[AnyChannelHandle] = field(default_factory=list)
     output_channels: list[AnyChannelHandle] = field(default_factory=list)
+
+    def channel_handles_on(self, direction: str, gates: Callable[[int], bool]) -> list[AnyChannelHandle]:
+        """The handles of one direction on the gates (input) or partitions (output) that ``gates``
+        accepts: a merged handle as it is where it accepts all its channels' gates, opened up where
+        only some."""
+        handles = self.input_channels if direction == INPUT else self.output_channels
+        result: list[AnyChannelHandle] = []
+        for handle in handles:
+            if not isinstance(handle, MergedChannelStateHandle):
+                if gates(handle.info[0]):
+                    result.append(handle)
+                continue
+            accepted = [gates(gate) for gate in handle.gates]
+            if all(accepted):
+                result.append(handle)
+            elif any(accepted):
+                result.extend(ch for ch in handle.channels if gates(ch.info[0]))
+        return result
+
+    def channels_on(self, direction: str, gate: int) -> list[ChannelStateHandle]:
+        """The per-channel handles of one gate (input) or partition (output): merged handles that
+        hold none of its channels are not decoded."""
+        handles = self.input_channels if direction == INPUT else self.output_channels
+        result: list[ChannelStateHandle] = []
+        for handle in handles:
+            if not isinstance(handle, MergedChannelStateHandle):
+                if handle.info[0] == gate:
+                    result.append(handle)
+            elif handle.gates == (gate,):
+                result.extend(handle.channels)
+            elif gate in handle.gates:
+                result.extend(ch for ch in handle.channels if ch.info[0] == gate)
+        return result
 
     def channel_handles(self, direction: str) -> list[ChannelStateHandle]:
         """The per-channel handles of one direction, merged handles opened up."""

@@ -269,7 +269,7 @@ class InspectReport:
 def _channel_totals(op: OperatorState, direction: str) -> BufferTotals:
     totals = BufferTotals()
     for s in op.subtasks:
-        for h in s.channel_handles(direction):
+        for h in s.input_channels if direction == INPUT else s.output_channels:  # merged handles sum their channels
             totals.buffers += h.buffer_count
             totals.bytes += h.payload_bytes
     return totals

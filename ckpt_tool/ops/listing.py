@@ -107,7 +107,7 @@ def _listed(io, entry: JobEntry) -> ListedCheckpoint:
         item.checkpoint_id = metadata.checkpoint_id
     item.size = _referenced_bytes(metadata)
     item.in_flight = sum(
-        h.payload_bytes for op in metadata.operators for s in op.subtasks for d in (INPUT, OUTPUT) for h in s.channel_handles(d)
+        h.payload_bytes for op in metadata.operators for s in op.subtasks for h in s.input_channels + s.output_channels
     )
     item.parallelism = {op.label: op.parallelism for op in metadata.operators}
     item.replicated_handles = _replicated_handles(metadata)

@@ -34,7 +34,7 @@ def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tupl
     """(buffers, payload bytes) of one gate (input) or partition (output) of an operator."""
     if op is None:
         return 0, 0
-    handles = [h for s in op.subtasks for h in s.channel_handles(direction) if h.info[0] == number]
+    handles = [h for s in op.subtasks for h in s.channels_on(direction, number)]
     return sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles)
 
 
@@ -158,7 +158,7 @@ def _unplanned(
         lines += ["[[exchange]]", f"# downstream (head of its chain): {_describe(downstream)}"]
         buffers, size = _in_flight(downstream, INPUT, gate)
         lines += [f"# in flight: {buffers} input buffers ({size} bytes) at the receiver; the sender's below"]
-        channels = [h.info[1] for s in downstream.subtasks for h in s.channel_handles(INPUT) if h.info[0] == gate]
+        channels = [h.info[1] for s in downstream.subtasks for h in s.channels_on(INPUT, gate)]
         candidates = []
         for op in metadata.operators:
             if op.id_hex == downstream.id_hex or (channels and max(channels) >= op.parallelism):

@@ -8,7 +8,14 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError, OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
-from ckpt_tool.flink.metadata import OPERATOR_STATE, SEGMENT_OPERATOR_STATE, map_stream_handles, write_metadata
+from ckpt_tool.flink.metadata import (
+    OPERATOR_STATE,
+    SEGMENT_OPERATOR_STATE,
+    channel_handle_form,
+    map_stream_handles,
+    set_channel_handle_form,
+    write_metadata,
+)
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, is_local, join, normalize_uri, parent, within
 from ckpt_tool.writer.claim import Claim, claimed, is_output_name
@@ -85,6 +92,7 @@ def write_checkpoint(
     progress: Progress = None,
     already_written: frozenset[str] = frozenset(),
     claim: Optional[Claim] = None,
+    channel_handles: Optional[str] = None,
 ) -> CheckpointMetadata:
     """Write ``metadata`` as a checkpoint at ``dst``, under ``claim`` (else under a claim of its own).
 
@@ -96,14 +104,16 @@ def write_checkpoint(
     and referenced relative to it (``metadata`` is changed in place), so the output can be moved;
     a file-merging segment becomes a file of its own (its offsets count from the segment's start,
     as a file's do). Files outside are left where they are. File-merging operator handles become
-    plain ones (``release_source_directories``). Every file is made no more readable than the
-    source's, and ``_metadata`` is written last.
+    plain ones (``release_source_directories``). Channel state handles are written in the form
+    ``channel_handles`` names (``plain`` or ``merged``), by default in the form of ``src``'s
+    (``channel_handle_form``): what Flink wrote, Flink reads. Every file is made no more readable
+    than the source's, and ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
     if claim is None:
         with claimed(dst) as own:
-            return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own)
+            return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own, channel_handles)
     out = io_for(dst)
     job_dir = parent(src.uri)
     copies: dict[tuple[str, Optional[tuple[int, int]]], str] = {}  # (source location, segment) -> name in dst
@@ -132,6 +142,7 @@ def write_checkpoint(
     def copied(location: str, segment: Optional[tuple[int, int]]) -> bytes:
         return src.io.read(location) if segment is None else src.io.read_range(location, *segment)
 
+    set_channel_handle_form(metadata, channel_handles or channel_handle_form(src.metadata))
     release_source_directories(metadata)
     map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
