@@ -624,6 +624,24 @@ def channel_handle_form(metadata: CheckpointMetadata) -> str:
     return MERGED
 
 
+def merging_gains(metadata: CheckpointMetadata) -> bool:
+    """Whether merged handles would hold several channels anywhere: some subtask holds two
+    channels of one direction in one file, or a merged handle of several channels. Where none
+    does, a merged handle per channel is larger than a plain one, in the file and in Flink's heap
+    (ckpt's rescale at high parallelism writes each new channel of a subtask in another file)."""
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for handles in (s.input_channels, s.output_channels):
+                files: set[int] = set()
+                for handle in handles:
+                    if isinstance(handle, MergedChannelStateHandle) and handle.channel_count > 1:
+                        return True
+                    if id(handle.delegate) in files:
+                        return True
+                    files.add(id(handle.delegate))
+    return False
+
+
 def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
     """Make every subtask hold its channel handles in ``form``, in place: ``PLAIN``, one handle per
     channel; ``MERGED``, one merged handle per subtask index and delegate, direction by direction,

@@ -9,10 +9,13 @@ from typing import Optional
 from ckpt_tool.errors import CkptError, OutputExistsError
 from ckpt_tool.flink.checkpoint import METADATA_FILE, Checkpoint
 from ckpt_tool.flink.metadata import (
+    MERGED,
     OPERATOR_STATE,
+    PLAIN,
     SEGMENT_OPERATOR_STATE,
     channel_handle_form,
     map_stream_handles,
+    merging_gains,
     set_channel_handle_form,
     write_metadata,
 )
@@ -106,7 +109,8 @@ def write_checkpoint(
     as a file's do). Files outside are left where they are. File-merging operator handles become
     plain ones (``release_source_directories``). Channel state handles are written in the form
     ``channel_handles`` names (``plain`` or ``merged``), by default in the form of ``src``'s
-    (``channel_handle_form``): what Flink wrote, Flink reads. Every file is made no more readable
+    (``channel_handle_form``): what Flink wrote, Flink reads; but plain where merged handles would
+    each hold one channel (``merging_gains``), as they would only be larger. Every file is made no more readable
     than the source's, and ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
@@ -142,7 +146,10 @@ def write_checkpoint(
     def copied(location: str, segment: Optional[tuple[int, int]]) -> bytes:
         return src.io.read(location) if segment is None else src.io.read_range(location, *segment)
 
-    set_channel_handle_form(metadata, channel_handles or channel_handle_form(src.metadata))
+    form = channel_handles or channel_handle_form(src.metadata)
+    if channel_handles is None and form == MERGED and not merging_gains(metadata):
+        form = PLAIN  # a merged handle per channel would only be larger
+    set_channel_handle_form(metadata, form)
     release_source_directories(metadata)
     map_stream_handles(metadata, carry)
     writes = [(join(dst, name), lambda data=data: data) for name, data in sorted(new_files.items())]
