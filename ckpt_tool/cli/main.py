@@ -19,6 +19,9 @@ from ckpt_tool.engine import ENGINES, LOCAL_LIMIT_BYTES
 from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
 from ckpt_tool.text import LINE_LIMIT, one_line, printable
 
+# gc thresholds while a command runs (Python's default: 700, 10, 10)
+COLLECTION_THRESHOLDS = (100_000, 50, 100)
+
 
 def _add_plugins(ctx: click.Context, _, modules: tuple[str, ...]) -> None:
     from ckpt_tool.records.schema import check_plugin_modules
@@ -191,6 +194,9 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
     # the metadata lives as long as the command, and holds no reference cycles: the collector need
     # not rescan its (up to millions of) handles again and again (one command per process)
     gc.freeze()
+    # and the per-channel objects the command builds next (tasks, sources: up to millions, none in
+    # a cycle) would set off a young collection every 700 of them, and older ones over all of them
+    gc.set_threshold(*COLLECTION_THRESHOLDS)
 
     def warn() -> None:  # what the engine found about where the work ran (e.g. a slower record path)
         for warning in session.warnings:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import groupby
 from typing import Any, Optional
 
@@ -41,7 +42,6 @@ from ckpt_tool.flink.channel_state import (
     write_channel_state_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import ByteStreamHandle, SegmentFileHandle
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
@@ -50,10 +50,10 @@ from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
 from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.storage import io_for, is_local, join
+from ckpt_tool.storage import io_for, join
 
 
-@dataclass
+@dataclass(slots=True)
 class ChannelTask:
     """One logical channel u -> d of exchange ``exchange_index``: where its buffers are."""
 
@@ -70,16 +70,7 @@ class ChannelTask:
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
     tasks = []
     metadata = checkpoint.metadata
-    beneath: dict[Optional[str], Optional[str]] = {None: None}  # by location: its job directory, where local
-
-    def source(handle) -> BufferSource:
-        delegate = handle.delegate
-        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
-        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
-        location = checkpoint.location(delegate)
-        if location not in beneath:  # as BufferSource.of, once per file
-            beneath[location] = checkpoint.job_dir if location is not None and is_local(location) else None
-        return BufferSource(location, inline, segment, list(handle.offsets), beneath[location])
+    source = partial(BufferSource.of, checkpoint)
 
     for index, exchange in enumerate(exchanges):
         downstream = metadata.operator(exchange.downstream_id)

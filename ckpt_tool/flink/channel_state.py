@@ -21,7 +21,7 @@ really there, never from the metadata alone.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
@@ -47,7 +47,7 @@ MAX_OPEN_MAPS = 128  # files a reader keeps mapped at once (each holds a descrip
 # --- reading ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class BufferSource:
     """Where one channel handle's buffers are: a file (or a segment of one) or inline bytes, and
     the offsets of their length fields. Plain data, so that a task can carry it to a worker."""
@@ -55,17 +55,18 @@ class BufferSource:
     location: Optional[str]
     inline: Optional[bytes]
     segment: Optional[tuple[int, int]]
-    offsets: list[int]
+    offsets: Sequence[int]  # not changed once built (a handle's own tuple or list, not a copy)
     beneath: Optional[str] = None  # the source's job directory: files named in it are read only there
 
     @staticmethod
     def of(checkpoint: Checkpoint, handle: ChannelStateHandle) -> BufferSource:
+        """Where ``handle``'s buffers are (a checkpoint may hold millions: what its file says is
+        worked out once per file, by the checkpoint)."""
         delegate = handle.delegate
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
         location = checkpoint.location(delegate)
-        beneath = None if location is None or not is_local(location) else checkpoint.job_dir
-        return BufferSource(location, inline, segment, list(handle.offsets), beneath)
+        return BufferSource(location, inline, segment, handle.offsets, checkpoint.beneath(location))
 
     @property
     def where(self) -> str:
@@ -352,7 +353,7 @@ def pointwise_channels(upstream_parallelism: int, downstream_parallelism: int) -
     return links
 
 
-@dataclass
+@dataclass(slots=True)
 class LogicalChannel:
     """The in-flight data of one logical channel u -> d of an exchange."""
 

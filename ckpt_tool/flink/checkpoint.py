@@ -82,6 +82,8 @@ class Checkpoint:
     _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
     chosen_from: Optional[str] = None  # the job directory it was chosen from, when it was given one
     _handle_locations: dict[int, tuple] = field(default_factory=dict, repr=False, compare=False)
+    _job_dir: Optional[tuple[str, str]] = field(default=None, repr=False, compare=False)
+    _beneath: dict[str, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
@@ -109,7 +111,19 @@ class Checkpoint:
     @property
     def job_dir(self) -> str:
         """The job directory: files named in it are read only where they really are inside it."""
-        return job_directory(self.uri)
+        known = self._job_dir
+        if known is None or known[0] != self.uri:  # worked out once (per uri): millions of channels ask
+            known = self._job_dir = (self.uri, job_directory(self.uri))
+        return known[1]
+
+    def beneath(self, location: Optional[str]) -> Optional[str]:
+        """The directory a file at ``location`` is read only inside of: the job directory where the
+        file is local, else None (by location, worked out once: the channels of a file share it)."""
+        if location is None:
+            return None
+        if location not in self._beneath:
+            self._beneath[location] = self.job_dir if is_local(location) else None
+        return self._beneath[location]
 
     def location(self, handle) -> str | None:
         """Where a stream handle's bytes are now, or None for inline data (by handle object: the
