@@ -131,3 +131,51 @@ def test_naive_rescale_replicas_found_and_repaired(ckpt, tmp_path):
     code, report, _ = verify_json(ckpt, repaired, NAIVE)
     assert code == 0, report["problems"]
     assert flink_env.restore_count("2.3.0", repaired, 2, backend="hashmap") == NAIVE.info["source_records"]
+
+
+def test_channel_state_check_reads_a_file_at_once_and_still_names_the_bad_channel(tmp_path):
+    """``verify``'s channel-state check reads the handles of one file together (a job at parallelism
+    p has p² of them): replicas are found across files and subtasks as handle by handle, and a
+    handle whose buffers do not read is named alone, by its channel."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import generate
+
+    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
+    from ckpt_tool.ops.verify import REPLICA_MIN_BUFFER_BYTES, _buffer_digests, check_channel_state
+
+    checkpoint = tmp_path / "job" / "chk-3"
+    generate(checkpoint, 6, 3_000_000, handles="plain")  # every channel a handle, a subtask's in one file
+    cp = Checkpoint.open(str(checkpoint))
+    assert [r.problems for r in check_channel_state(cp, True)] == [[], [], []]
+    slow = cp.metadata.operator(SLOW)
+    third, fourth = slow.subtasks[3], slow.subtasks[4]
+
+    def generated(subtask) -> list:
+        return [h for h in subtask.input_channels if h.delegate.relative_path == f"bench-inflight-{subtask.index}-0"]
+
+    handles = generated(third)
+    assert len(handles) >= 4
+    with ChannelStateReader() as reader:  # together: the same digests as handle by handle
+        apart = [d for h in handles for d in _buffer_digests(cp, reader, [h], INPUT, [], "slow", 3)]
+        assert sorted(_buffer_digests(cp, reader, handles, INPUT, [], "slow", 3)) == sorted(apart)
+        sources = [BufferSource.of(cp, h) for h in handles]
+        together = reader.buffer_digests_together(sources, REPLICA_MIN_BUFFER_BYTES)  # in one pass, in file order
+        assert together is not None and sorted(together) == sorted(apart)
+        per_channel = len(apart) // len(handles)  # every generated channel of a subtask holds the same block
+        assert per_channel > 1 and len(apart) == per_channel * len(handles)
+    # a channel of subtask 4 holds the buffers of one of subtask 3's: replicas across two files
+    at = fourth.input_channels.index(generated(fourth)[1])
+    copied = fourth.input_channels[at] = copy.copy(fourth.input_channels[at])
+    copied.delegate, copied.offsets = handles[0].delegate, handles[0].offsets
+    buffers, _, replicas = check_channel_state(cp, True)
+    assert buffers.problems == [] and [p.count for p in replicas.problems] == [per_channel]
+    # a buffer outside its file: that channel alone is named, its file's other channels still read
+    at = third.input_channels.index(handles[2])
+    broken = third.input_channels[at] = copy.copy(handles[2])
+    broken.offsets = (10**9,)
+    buffers, _, replicas = check_channel_state(cp, True)
+    assert [(p.subtask, p.channel) for p in buffers.problems] == [(3, f"input 0/{broken.info[1]}")]
+    assert [p.count for p in replicas.problems] == [per_channel]

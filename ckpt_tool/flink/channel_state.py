@@ -178,6 +178,37 @@ class ChannelStateReader:
         finally:
             view.release()
 
+    def buffer_digests_together(self, sources: list[BufferSource], min_bytes: int = 0) -> Optional[list[bytes]]:
+        """``buffer_digests`` of all ``sources``, in file order, in one pass where they lie in one
+        local file (or one segment of it): one length read over all their buffers, a digest only of
+        those of at least ``min_bytes``. None where they do not, or where a buffer does not read or
+        two overlap (then each source, on its own, says which)."""
+        first = sources[0]
+        if first.inline is not None or first.location is None or not self._is_local(first.location):
+            return None
+        if any(s.location != first.location or s.segment != first.segment or s.inline is not None for s in sources[1:]):
+            return None
+        try:
+            data, _ = self._data(first)
+        except CheckpointFormatError:
+            return None
+        offsets = np.sort(np.fromiter(chain.from_iterable(s.offsets for s in sources), dtype=np.int64))
+        if not len(offsets) or offsets[0] < len(HEADER):
+            return None if len(offsets) else []
+        try:
+            sizes = np.frombuffer(_framing.lengths(data, offsets), dtype=np.int64)
+        except ValueError:
+            return None
+        large = sizes >= min_bytes
+        view = memoryview(data)
+        try:
+            return [
+                xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
+                for offset, size in zip(offsets[large].tolist(), sizes[large].tolist())
+            ]
+        finally:
+            view.release()
+
     def buffers(self, source: BufferSource) -> list[bytes]:
         """The payloads of the source's buffers, one by one."""
         stream, lengths = self.payload_and_lengths(source)
@@ -387,16 +418,21 @@ def logical_channels(
         by_output = lambda u, s: outputs.get((u, s))
 
     def channel(u: Optional[int], d: Optional[int], handle: ChannelStateHandle) -> LogicalChannel:
-        if u is None or d is None:
-            raise CheckpointFormatError(
-                f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
-            )
-        return channels.setdefault((u, d), LogicalChannel(u, d))
+        found = channels.get((u, d))  # type: ignore[arg-type]
+        if found is None:  # made only where new (a job at parallelism p has up to p² of them)
+            if u is None or d is None:
+                raise CheckpointFormatError(
+                    f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
+                )
+            found = channels[(u, d)] = LogicalChannel(u, d)
+        return found
 
     for subtask in downstream.subtasks if downstream else ():
+        d = subtask.index
         for handle in subtask.channels_on(INPUT, gate):
-            channel(by_input(subtask.index, handle.info[1]), subtask.index, handle).input_handles.append(handle)
+            channel(by_input(d, handle.info[1]), d, handle).input_handles.append(handle)
     for subtask in upstream.subtasks if upstream else ():
+        u = subtask.index
         for handle in subtask.channels_on(OUTPUT, partition):
-            channel(subtask.index, by_output(subtask.index, handle.info[1]), handle).output_handles.append(handle)
+            channel(u, by_output(u, handle.info[1]), handle).output_handles.append(handle)
     return [channels[key] for key in sorted(channels)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -124,32 +124,57 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
                     infos = set()
+                    readable = []
                     for h in s.channel_handles(direction):
-                        channel = f"{direction} {h.info[0]}/{h.info[1]}"
                         if h.info in infos:
+                            channel = _channel_name(direction, h)
                             handles.problems.append(
                                 Problem("channel-handles", f"two handles for {channel}", op.label, s.index, channel)
                             )
                         infos.add(h.info)
                         if h.subtask_index != s.index:
+                            channel = _channel_name(direction, h)
                             handles.problems.append(
                                 Problem("channel-handles", f"handle names subtask {h.subtask_index}", op.label, s.index, channel)
                             )
-                        if not files_ok and not isinstance(h.delegate, ByteStreamHandle):
-                            continue
-                        try:
-                            found = reader.buffer_digests(BufferSource.of(cp, h), REPLICA_MIN_BUFFER_BYTES)
-                        except CkptError as exc:
-                            buffers.problems.append(Problem("channel-state", str(exc), op.label, s.index, channel))
-                            continue
-                        for digest in found:
-                            digests[digest + direction.encode()].add(s.index)
+                        if files_ok or isinstance(h.delegate, ByteStreamHandle):
+                            readable.append(h)
+                    suffix = direction.encode()
+                    for found in _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index):
+                        digests[found + suffix].add(s.index)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
             replicas.problems.append(
                 Problem("buffer-replicas", f"{copies} buffer copies are held by more than one subtask", op.label, count=copies)
             )
     return [buffers, handles, replicas]
+
+
+def _channel_name(direction: str, handle) -> str:
+    return f"{direction} {handle.info[0]}/{handle.info[1]}"
+
+
+def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, direction: str, problems: list, op, subtask):
+    """Digests of the handles' buffers of at least REPLICA_MIN_BUFFER_BYTES: the handles of one
+    local file in one pass (a job at parallelism p has p² of them); where that does not read, each
+    handle on its own, and each one that does not read is a problem named by its channel."""
+    by_file: dict[tuple, list[tuple[Any, BufferSource]]] = defaultdict(list)
+    for handle in handles:
+        source = BufferSource.of(cp, handle)
+        by_file[(source.location, source.segment) if source.inline is None else (id(source),)].append((handle, source))
+    found: list[bytes] = []
+    for members in by_file.values():
+        together = reader.buffer_digests_together([source for _, source in members], REPLICA_MIN_BUFFER_BYTES)
+        if together is not None:
+            found += together
+            continue
+        for handle, source in members:
+            try:
+                found += reader.buffer_digests(source, REPLICA_MIN_BUFFER_BYTES)
+            except CkptError as exc:
+                channel = _channel_name(direction, handle)
+                problems.append(Problem("channel-state", str(exc), op, subtask, channel))
+    return found
 
 
 def check_changelog(cp: Checkpoint, files_ok: bool) -> CheckResult:
