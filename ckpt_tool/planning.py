@@ -21,12 +21,13 @@ anything is read or written.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.finished import finished_state_problem
-from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, MergedChannelStateHandle, SubtaskState
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.schema import Exchange
 
@@ -157,6 +158,20 @@ REFUSAL_REASONS = {
 }
 
 
+def _gates_holding_data(subtask: SubtaskState, direction: str) -> Iterator[int]:
+    """The gate (input) or partition (output) of each handle of ``subtask`` in ``direction`` that
+    holds buffers: a merged handle of one gate is not decoded (a job at parallelism p has p²
+    channels), one of several gates is, channel by channel."""
+    for handle in subtask.input_channels if direction == INPUT else subtask.output_channels:
+        if isinstance(handle, MergedChannelStateHandle) and len(handle.gates) == 1:
+            if handle.buffer_count:
+                yield handle.gates[0]
+            continue
+        for channel in handle.channels if isinstance(handle, MergedChannelStateHandle) else (handle,):
+            if channel.offsets:
+                yield channel.info[0]
+
+
 def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
     """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
     known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
@@ -165,15 +180,13 @@ def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, rerout
     for op in metadata.operators:
         for direction, known in ((INPUT, known_inputs), (OUTPUT, known_outputs)):
             for s in op.subtasks:
-                for handle in s.channel_handles(direction):
-                    if not handle.offsets:
-                        continue
-                    index = known.get((op.id_hex, handle.info[0]))
+                for gate in _gates_holding_data(s, direction):
+                    index = known.get((op.id_hex, gate))
                     if index is None:
                         if plan.changes(op.id_hex):
                             side = "input gate" if direction == INPUT else "output partition"
                             raise RescaleError(
-                                f"operator {op.label} has in-flight data on {side} {handle.info[0]} "
+                                f"operator {op.label} has in-flight data on {side} {gate} "
                                 "that no exchange in --plan/--schema describes"
                             )
                         continue
