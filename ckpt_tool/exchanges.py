@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import Junction, channel_tasks, junction, scan_batch, scan_channel
+from ckpt_tool.engine.tasks import ChannelTable, Junction, channel_tasks, junction, scan_batch, scan_channel
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
@@ -110,22 +110,24 @@ class ExchangeScan:
         }
 
 
-def _scan_with_digests(engine: Engine, tasks, exchanges: list[Exchange], progress: Progress):
+def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):
     """Channel figures and, per exchange and upstream subtask, the records held by several
     downstream subtasks."""
     # channels of one downstream subtask together (its input state is one file), in byte-sized
     # batches, each scanned in one pass (scan_batch) and returned as columns
-    tasks = sorted(tasks, key=lambda t: (t.exchange_index, t.downstream_subtask, t.upstream_subtask))
+    tasks = tasks.take(np.lexsort((tasks.upstream, tasks.downstream, tasks.exchange_index)))
     scans = ScanColumns.concatenate(
-        engine.map_batches(lambda batch: scan_batch(batch, exchanges), tasks, progress, [t.size for t in tasks])
+        engine.map_batches(lambda batch: scan_batch(batch, exchanges), tasks, progress, tasks.size.tolist())
     )
     suspects = suspects_of_holdings(scans.holdings)
-    again = [t for t in tasks if (t.exchange_index, t.upstream_subtask) in suspects]
+    wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number
+    wanted = np.array([e * wide + u for e, u in suspects if u < wide], dtype=np.int64)
+    again = tasks.take(np.isin(tasks.exchange_index.astype(np.int64) * wide + tasks.upstream, wanted))
     holders: Holders = {}
     for s in engine.map(
         lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
         again,
-        sizes=[t.size for t in again],
+        sizes=again.size.tolist(),
     ):
         for digest in s.digests:
             holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)

@@ -41,3 +41,76 @@ def test_records_per_logical_channel_match_flink(fixture):
             assert (*buffers, len(records.tags)) == (want["input_buffers"], want["output_buffers"], elements), key
             seen.add(key)
     assert seen == {k for k, c in expected.items() if c["input_buffers"] or c["output_buffers"]}
+
+
+def _reference_tasks(checkpoint, described) -> list:
+    """The channels as ``logical_channels`` pairs them, handle objects and all: what the columns
+    of a ``ChannelTable`` must make, channel by channel."""
+    from ckpt_tool.flink.channel_state import BufferSource, logical_channels
+    from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
+
+    metadata, result = checkpoint.metadata, []
+    for index, exchange in enumerate(described):
+        down = metadata.operator(exchange.downstream_id)
+        up = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
+        pointwise = exchange.partitioner in POINTWISE_PARTITIONERS
+        for ch in logical_channels(up, down, exchange.gate, exchange.partition, pointwise):
+            result.append(
+                (
+                    index,
+                    ch.upstream_subtask,
+                    ch.downstream_subtask,
+                    down.max_parallelism,
+                    down.parallelism,
+                    [_plain(BufferSource.of(checkpoint, h)) for h in ch.input_handles],
+                    [_plain(BufferSource.of(checkpoint, h)) for h in ch.output_handles],
+                    sum(h.state_size for h in ch.input_handles + ch.output_handles),
+                )
+            )
+    return result
+
+
+def _plain(source) -> tuple:
+    return (source.location, source.inline, source.segment, list(source.offsets), source.beneath)
+
+
+def _made(task) -> tuple:
+    fields = (task.exchange_index, task.upstream_subtask, task.downstream_subtask, task.max_parallelism, task.parallelism)
+    return (*fields, [_plain(s) for s in task.inputs], [_plain(s) for s in task.outputs], task.size)
+
+
+def test_channel_table_makes_the_channels_logical_channels_pairs(fixture):
+    """Every fixture (plain and merged handles, several gates, pointwise edges): the columns make
+    the same channels, sources and offsets as pairing the handle objects, and a table's parts and
+    its takes make the same tasks."""
+    import numpy as np
+
+    checkpoint = Checkpoint.open(str(fixture.checkpoint))
+    described = [Exchange(up, down, gate, partition) for up, down, gate, partition in exchanges(fixture)]
+    table = channel_tasks(checkpoint, described)
+    reference = _reference_tasks(checkpoint, described)
+    assert [_made(t) for t in table] == reference
+    assert [_made(t) for t in table.part(0, len(table))] == reference
+    backwards = np.arange(len(table))[::-1]
+    assert [_made(t) for t in table.take(backwards)] == reference[::-1]
+    assert [_made(t) for t in table.take(np.arange(len(table)) % 2 == 0)] == reference[::2]
+
+
+def test_channel_table_of_a_generated_job_at_parallelism_24(tmp_path):
+    """p² channels: merged handles read as columns (dense, one in ten, and merged handles whose
+    channels list different numbers of buffers), and plain ones, make what the handles pair."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import FIXTURE, SCHEMA, generate
+
+    from ckpt_tool.session import Session
+
+    for channels, handles, size in (("dense", "merged", 600_000), ("sparse", "merged", 6_000_000), ("dense", "plain", 600_000)):
+        checkpoint = tmp_path / channels / handles / "job" / "chk-3"
+        generate(checkpoint, 24, size, channels=channels, handles=handles)
+        with Session.open(str(checkpoint), str(SCHEMA), str(FIXTURE / "plan.json"), "local") as session:
+            table = channel_tasks(session.checkpoint, session.exchanges)
+            assert len(table) >= (24 * 24 if channels == "dense" else 24 * 24 // 10)
+            assert [_made(t) for t in table] == _reference_tasks(session.checkpoint, session.exchanges)

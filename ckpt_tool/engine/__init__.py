@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.storage import STORAGE_ENVIRONMENT
@@ -70,6 +70,30 @@ class _Guarded:
             return TaskError(type(exc).__module__, type(exc).__name__, str(exc), exc.exit_code)
 
 
+class Lazy(Protocol):
+    """Items an engine hands out in batches without making them all first: a ``ChannelTable``
+    (millions of channels as columns) makes a batch's tasks in the worker that runs it."""
+
+    def __len__(self) -> int: ...
+
+    def part(self, start: int, stop: int) -> list: ...
+
+
+class _Part:
+    """Items ``start`` to ``stop`` of lazy items, made where the batch runs (a forked worker
+    inherits the items; Spark is handed them made, see ``SparkEngine._map``)."""
+
+    def __init__(self, items: Lazy, start: int, stop: int):
+        self.items, self.start, self.stop = items, start, stop
+
+    def made(self) -> list:
+        return self.items.part(self.start, self.stop)
+
+
+def _made(batch) -> list:
+    return batch.made() if isinstance(batch, _Part) else batch
+
+
 class _Batch:
     """A task function applied to every item of a batch (one engine task), results in order. Picklable."""
 
@@ -77,7 +101,17 @@ class _Batch:
         self.function = function
 
     def __call__(self, batch: list) -> list:
-        return [self.function(item) for item in batch]
+        return [self.function(item) for item in _made(batch)]
+
+
+class _Whole:
+    """A task function of a whole batch (one engine task), its items made first. Picklable."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, batch: list):
+        return self.function(_made(batch))
 
 
 def _raise_task_errors(results: list) -> list:
@@ -137,6 +171,17 @@ def _planned(count: int, sizes: Optional[Sequence[int]], slots: int, progress: P
     return batches, report
 
 
+def _items(items):
+    return items if hasattr(items, "part") else list(items)
+
+
+def _batched(items, batches: list[range]) -> list:
+    """Each batch's items: made now from a list, or made where the batch runs from lazy items."""
+    if hasattr(items, "part"):
+        return [_Part(items, b.start, b.stop) for b in batches]
+    return [[items[i] for i in b] for b in batches]
+
+
 class Engine:
     """Applies a function to every item; ``map`` raises the first item's error, if any.
     ``warnings``: what the reports should say about where the work ran (e.g. a slower path)."""
@@ -144,26 +189,26 @@ class Engine:
     name = "engine"
     warnings: Sequence[str] = ()
 
-    def map(self, function, items: list, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+    def map(self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
         """``function`` of every item, in order. With ``sizes`` (bytes of each item), items are
         run in batches of a bounded byte budget (``plan_batches``), one engine task per batch,
         and ``progress`` counts bytes; without, every item is a task of its own."""
-        items = list(items)
-        if not items:
+        items = _items(items)
+        if not len(items):
             return []
         batches, report = _planned(len(items), sizes, self.slots(), progress)
-        results = self._map(_Batch(_Guarded(function)), [[items[i] for i in b] for b in batches], report)
+        results = self._map(_Batch(_Guarded(function)), _batched(items, batches), report)
         return _raise_task_errors([result for batch in results for result in batch])
 
-    def map_batches(self, function, items: list, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+    def map_batches(self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
         """``function`` of every batch of items (a list of consecutive items, planned as ``map``
         plans them from ``sizes``): one result per batch, in order. For work done over a whole
         batch at once (one pass over many channels), where ``map`` would cost a call per item."""
-        items = list(items)
-        if not items:
+        items = _items(items)
+        if not len(items):
             return []
         batches, report = _planned(len(items), [1] * len(items) if sizes is None else sizes, self.slots(), progress)
-        return _raise_task_errors(self._map(_Guarded(function), [[items[i] for i in b] for b in batches], report))
+        return _raise_task_errors(self._map(_Guarded(_Whole(function)), _batched(items, batches), report))
 
     def slots(self) -> int:
         """How many tasks run at once."""
@@ -353,6 +398,7 @@ class SparkEngine(Engine):
         self._jobs += 1
         group = f"ckpt-map-{self._jobs}"
         sc.setJobGroup(group, "ckpt")
+        batches = [_made(batch) for batch in batches]  # Spark pickles each batch's own items, not lazy ones
         try:  # one partition per batch: Spark's tasks are the batches
             results = sc.parallelize(batches, len(batches)).map(function).collect()
         except Exception as exc:  # Spark's own failure: one line, not the JVM's stack trace

@@ -26,23 +26,21 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import groupby
 from typing import Any, Optional
 
 import numpy as np
 import xxhash
 
+from ckpt_tool.engine.channels import ChannelTable, ChannelTask, Tasks
+from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
     ChannelStateReader,
-    logical_channels,
     write_channel_state_file,
 )
-from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
@@ -51,49 +49,6 @@ from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route
 from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, join
-
-
-@dataclass(slots=True)
-class ChannelTask:
-    """One logical channel u -> d of exchange ``exchange_index``: where its buffers are."""
-
-    exchange_index: int
-    upstream_subtask: int
-    downstream_subtask: int
-    max_parallelism: int
-    parallelism: int
-    inputs: list[BufferSource]
-    outputs: list[BufferSource]
-    size: int = 0  # bytes of its handles (as the metadata says), what an engine task's budget counts
-
-
-def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> list[ChannelTask]:
-    tasks = []
-    metadata = checkpoint.metadata
-    source = partial(BufferSource.of, checkpoint)
-
-    for index, exchange in enumerate(exchanges):
-        downstream = metadata.operator(exchange.downstream_id)
-        upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
-        pointwise = exchange.partitioner in POINTWISE_PARTITIONERS
-        for channel in logical_channels(upstream, downstream, exchange.gate, exchange.partition, pointwise):
-            tasks.append(
-                ChannelTask(
-                    index,
-                    channel.upstream_subtask,
-                    channel.downstream_subtask,
-                    downstream.max_parallelism,
-                    downstream.parallelism,
-                    [source(h) for h in channel.input_handles],
-                    [source(h) for h in channel.output_handles] if channel.output_handles else [],
-                    _state_size(channel.input_handles) + _state_size(channel.output_handles),
-                )
-            )
-    return tasks
-
-
-def _state_size(handles: list) -> int:
-    return 0 if not handles else handles[0].state_size if len(handles) == 1 else sum(h.state_size for h in handles)
 
 
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
@@ -335,15 +290,18 @@ def discard_other_attempts(dst: str, tasks: list[RouteTask], routed: list[Routed
 @dataclass
 class RouteTask:
     """New input channel ``new_channel`` of an exchange: the old channels that feed it, in
-    (upstream, downstream) order, and the file to write."""
+    (upstream, downstream) order (a ``ChannelTable`` of only theirs, where it came from one), and
+    the file to write."""
 
     exchange_index: int
     new_channel: int
-    channels: list[ChannelTask]
+    channels: Tasks
     file_name: str
 
     @property
     def size(self) -> int:
+        if isinstance(self.channels, ChannelTable):
+            return int(self.channels.size.sum())
         return sum(channel.size for channel in self.channels)
 
 
@@ -370,21 +328,20 @@ class RoutedFile:
     counters: RouteCounters = field(default_factory=RouteCounters)
 
 
-def route_tasks(channels: list[ChannelTask], specs: list[RouteSpec]) -> list[RouteTask]:
-    """Group old channels by the new channel they feed."""
-    grouped: dict[tuple[int, int], list[ChannelTask]] = {}
-    for task in channels:
-        c = task.upstream_subtask % specs[task.exchange_index].new_upstream_parallelism
-        grouped.setdefault((task.exchange_index, c), []).append(task)
-    return [
-        RouteTask(
-            index,
-            c,
-            sorted(tasks, key=lambda t: (t.upstream_subtask, t.downstream_subtask)),
-            inflight_file_name(specs[index].exchange.downstream_id, specs[index].exchange.gate, c),
-        )
-        for (index, c), tasks in sorted(grouped.items())
-    ]
+def route_tasks(channels: ChannelTable, specs: list[RouteSpec]) -> list[RouteTask]:
+    """Group old channels by the new channel they feed, each group a table of its own."""
+    new_parallelism = np.array([spec.new_upstream_parallelism for spec in specs], dtype=np.int64)
+    exchange = channels.exchange_index.astype(np.int64)
+    new_channel = channels.upstream % new_parallelism[exchange] if len(exchange) else exchange
+    order = np.lexsort((channels.downstream, channels.upstream, new_channel, exchange))
+    key = exchange[order] * (int(new_parallelism.max(initial=1)) + 1) + new_channel[order]
+    starts = np.flatnonzero(np.diff(key, prepend=-1)) if len(key) else key
+    tasks = []
+    for start, stop in zip(starts.tolist(), np.append(starts[1:], len(key)).tolist()):
+        index, c = int(exchange[order[start]]), int(new_channel[order[start]])
+        name = inflight_file_name(specs[index].exchange.downstream_id, specs[index].exchange.gate, c)
+        tasks.append(RouteTask(index, c, channels.take(order[start:stop]), name))
+    return tasks
 
 
 def route_task(
@@ -393,6 +350,7 @@ def route_task(
     dst: str,
     reader: Optional[ChannelStateReader] = None,
     framed: Optional[FramedChannels] = None,
+    made: Optional[list[ChannelTask]] = None,
 ) -> RoutedFile:
     """Route the task's records and write its channel-state file under ``dst``. The channels of
     each upstream subtask are read, framed and routed together (``route_together``); where they
@@ -400,7 +358,7 @@ def route_task(
     copies or names the channel and the record that does not fit."""
     if reader is None:
         with ChannelStateReader() as own:
-            return route_task(task, spec, dst, own, framed)
+            return route_task(task, spec, dst, own, framed, made)
     _framing.reuse_memory()
     result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
@@ -429,7 +387,7 @@ def route_task(
 
     def pieces():
         position = 0
-        for _, same_upstream in groupby(task.channels, key=lambda t: t.upstream_subtask):
+        for _, same_upstream in groupby(task.channels if made is None else made, key=lambda t: t.upstream_subtask):
             channels = list(same_upstream)
             routed = together(channels, position)
             position += len(channels)
@@ -451,7 +409,8 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
     """``route_task`` of every task of an engine task: the channels of all of them are read first,
     each file once (``joined_payloads``), so that files shared by the tasks are not opened again
     and again (a reader keeps at most MAX_OPEN_MAPS open)."""
-    channels = [channel for task in tasks for channel in task.channels]
+    made = [list(task.channels) for task in tasks]  # a table's tasks made once
+    channels = [channel for mine in made for channel in mine]
     with ChannelStateReader() as reader:
         framed: Optional[FramedChannels] = None
         if sum(c.size for c in channels) <= SMALL_CHANNEL * len(channels):  # many small channels
@@ -460,10 +419,10 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
             except CkptError:  # each task reads its channels itself, and says which does not read
                 framed = None
         results, position = [], 0
-        for task in tasks:
-            mine = framed.part(position, position + len(task.channels)) if framed else None
-            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine))
-            position += len(task.channels)
+        for task, own in zip(tasks, made):
+            mine = framed.part(position, position + len(own)) if framed else None
+            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine, own))
+            position += len(own)
         return results
 
 

@@ -46,6 +46,7 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
     StateChange,
     SubtaskState,
+    uniform_merged_channels,
 )
 
 HEADER_MAGIC = 0x4960672D
@@ -539,16 +540,10 @@ def _uniform_offsets_totals(data: bytes) -> Optional[tuple[int, int, int, tuple[
     """``_merged_offsets_totals`` of well-formed merged offsets whose channels all list the same
     number of buffers (up to 8; a channel of a job at high parallelism mostly holds one), checked
     with a few NumPy passes over them as one array; None for anything else."""
-    (count,) = _INT.unpack_from(data, 0)
-    if count <= 0 or len(data) < 24:
+    channels = uniform_merged_channels(data)
+    if channels is None:
         return None
-    (buffers,) = _INT.unpack_from(data, 20)
-    if not 0 <= buffers <= 8 or len(data) != 4 + count * (20 + 8 * buffers):
-        return None
-    fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("buffers", ">i4")]
-    channels = np.frombuffer(data, np.dtype(fields + ([("offsets", ">i8", (buffers,))] if buffers else [])), count, 4)
-    if (channels["buffers"] != buffers).any():
-        return None
+    count, buffers = len(channels), int(channels["buffers"][0])
     if (channels["gate"] < 0).any() or (channels["channel"] < 0).any() or (channels["size"] < 0).any():
         return None
     if buffers:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+import numpy as np
+
 # --- stream state handles (where bytes live) -------------------------------------------------
 
 
@@ -305,6 +307,23 @@ def merged_offsets_totals(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
         size_sum += size
         gates[gate] = None
     return count, buffers, size_sum, tuple(gates)
+
+
+def uniform_merged_channels(data: bytes) -> Optional[np.ndarray]:
+    """Merged offsets whose channels all list the same number of buffers (up to 8; a channel of a
+    job at high parallelism mostly holds one), as one structured NumPy array of ``gate``,
+    ``channel``, ``size``, ``buffers`` and ``offsets`` (channels × buffers, absent for none),
+    read in place; None for any other layout (then decode channel by channel). Nothing is checked
+    here but the layout."""
+    if len(data) < 24:
+        return None
+    (count,) = _MERGED_COUNT.unpack_from(data, 0)
+    (buffers,) = _MERGED_COUNT.unpack_from(data, 20)
+    if count <= 0 or not 0 <= buffers <= 8 or len(data) != 4 + count * (20 + 8 * buffers):
+        return None
+    fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("buffers", ">i4")]
+    channels = np.frombuffer(data, np.dtype(fields + ([("offsets", ">i8", (buffers,))] if buffers else [])), count, 4)
+    return channels if (channels["buffers"] == buffers).all() else None
 
 
 def decode_merged_offsets(

@@ -1,0 +1,344 @@
+"""The logical channels of exchanges as columns: ``ChannelTable``.
+
+An all-to-all exchange at parallelism p has p² logical channels u -> d. The driver keeps them as
+NumPy columns (about 60 bytes a channel with one buffer source, no Python object per channel):
+per channel its exchange, u, d, state size and sources; per source (a channel handle: input side
+first, then output side) its file, and where its buffer offsets lie in one flat array. A
+``ChannelTask`` (plain data, what the task functions take) is made from a row only where it is
+used: engines hand a batch's rows to its worker (``part``), which makes the batch's tasks.
+
+Merged channel-state handles (Flink 2.1+) whose channels all list as many buffers are read into
+the columns with NumPy, without decoding them channel by channel; other handles one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.flink.channel_state import BufferSource, pointwise_channels
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    ByteStreamHandle,
+    ChannelStateHandle,
+    MergedChannelStateHandle,
+    OperatorState,
+    SegmentFileHandle,
+    uniform_merged_channels,
+)
+from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
+from ckpt_tool.records.schema import Exchange
+
+
+@dataclass(slots=True)
+class ChannelTask:
+    """One logical channel u -> d of exchange ``exchange_index``: where its buffers are."""
+
+    exchange_index: int
+    upstream_subtask: int
+    downstream_subtask: int
+    max_parallelism: int
+    parallelism: int
+    inputs: list[BufferSource]
+    outputs: list[BufferSource]
+    size: int = 0  # bytes of its handles (as the metadata says), what an engine task's budget counts
+
+
+FileOf = tuple[Optional[str], Optional[bytes], Optional[tuple[int, int]], Optional[str]]  # location, inline, segment, beneath
+
+
+@dataclass
+class ChannelTable:
+    """Logical channels as columns (see the module's docstring). Row i is channel i; its sources
+    are ``source_start[i]`` and the ``inputs[i] + outputs[i]`` after it, in the source columns.
+    The sources of consecutive rows lie one after another, and so do their offsets in ``offsets``
+    (``channel_tasks`` and ``take`` build them so). Behaves as a read-only sequence of
+    ``ChannelTask`` (each made when asked)."""
+
+    exchange_index: np.ndarray  # per channel
+    upstream: np.ndarray
+    downstream: np.ndarray
+    size: np.ndarray
+    source_start: np.ndarray
+    inputs: np.ndarray
+    outputs: np.ndarray
+    source_file: np.ndarray  # per source: index into ``files``
+    offset_start: np.ndarray  # per source: its offsets are offsets[offset_start : offset_start + offset_count]
+    offset_count: np.ndarray
+    offsets: np.ndarray  # every source's buffer offsets, one flat array
+    files: list[FileOf]
+    max_parallelism: list[int]  # per exchange
+    parallelism: list[int]
+
+    def __len__(self) -> int:
+        return len(self.exchange_index)
+
+    def task(self, i: int) -> ChannelTask:
+        start, inputs, outputs = int(self.source_start[i]), int(self.inputs[i]), int(self.outputs[i])
+        exchange = int(self.exchange_index[i])
+        return ChannelTask(
+            exchange,
+            int(self.upstream[i]),
+            int(self.downstream[i]),
+            self.max_parallelism[exchange],
+            self.parallelism[exchange],
+            [self._source(j) for j in range(start, start + inputs)],
+            [self._source(j) for j in range(start + inputs, start + inputs + outputs)],
+            int(self.size[i]),
+        )
+
+    def _source(self, j: int) -> BufferSource:
+        location, inline, segment, beneath = self.files[self.source_file[j]]
+        start = self.offset_start[j]
+        return BufferSource(location, inline, segment, self.offsets[start : start + self.offset_count[j]].tolist(), beneath)
+
+    def part(self, start: int, stop: int) -> list[ChannelTask]:
+        """The tasks of rows ``start`` to ``stop``: what one engine task works on (made from a few
+        column slices: the sources of consecutive rows, and their offsets, lie one after another)."""
+        if start >= stop:
+            return []
+        exchanges = self.exchange_index[start:stop].tolist()
+        inputs, outputs = self.inputs[start:stop].tolist(), self.outputs[start:stop].tolist()
+        first, last = int(self.source_start[start]), int(self.source_start[stop - 1]) + inputs[-1] + outputs[-1]
+        counts = self.offset_count[first:last].tolist()
+        low = int(self.offset_start[first]) if counts else 0
+        flat = self.offsets[low : low + sum(counts)].tolist()
+        files = self.files
+        sources, at = [], 0
+        for file, count in zip(self.source_file[first:last].tolist(), counts):
+            location, inline, segment, beneath = files[file]
+            sources.append(BufferSource(location, inline, segment, flat[at : at + count], beneath))
+            at += count
+        tasks, at = [], 0
+        maxima, parallelisms = self.max_parallelism, self.parallelism
+        for exchange, u, d, ins, outs, size in zip(
+            exchanges, self.upstream[start:stop].tolist(), self.downstream[start:stop].tolist(), inputs, outputs,
+            self.size[start:stop].tolist(),
+        ):  # fmt: skip
+            tasks.append(
+                ChannelTask(
+                    exchange,
+                    u,
+                    d,
+                    maxima[exchange],
+                    parallelisms[exchange],
+                    sources[at : at + ins],
+                    sources[at + ins : at + ins + outs],
+                    size,
+                )
+            )
+            at += ins + outs
+        return tasks
+
+    def __getitem__(self, i: int) -> ChannelTask:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self.task(i % len(self))
+
+    def __iter__(self) -> Iterator[ChannelTask]:
+        for start in range(0, len(self), 4096):  # made a slice at a time
+            yield from self.part(start, min(start + 4096, len(self)))
+
+    def take(self, rows: np.ndarray) -> ChannelTable:
+        """The channels at ``rows`` (indexes or a mask), in that order, with only their own sources
+        and offsets (a table handed to another process carries no more than its channels)."""
+        rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
+        counts = (self.inputs[rows] + self.outputs[rows]).astype(np.int64)
+        sources = _ranges(self.source_start[rows].astype(np.int64), counts)
+        offset_counts = self.offset_count[sources].astype(np.int64)
+        offset_starts = np.zeros(len(sources), dtype=np.int64)
+        np.cumsum(offset_counts[:-1], out=offset_starts[1:])
+        source_starts = np.zeros(len(rows), dtype=np.int64)
+        np.cumsum(counts[:-1], out=source_starts[1:])
+        used, source_file = np.unique(self.source_file[sources], return_inverse=True)
+        return ChannelTable(
+            self.exchange_index[rows],
+            self.upstream[rows],
+            self.downstream[rows],
+            self.size[rows],
+            source_starts,
+            self.inputs[rows],
+            self.outputs[rows],
+            source_file.reshape(-1),
+            offset_starts,
+            offset_counts,
+            self.offsets[_ranges(self.offset_start[sources].astype(np.int64), offset_counts)],
+            [self.files[i] for i in used.tolist()],
+            self.max_parallelism,
+            self.parallelism,
+        )
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenation of ``range(start, start + count)`` for each pair, as one array."""
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(counts)
+    shift = np.repeat(starts - (ends - counts), counts)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+class _Sources:
+    """Source rows of the channels being built, gathered as arrays (one piece per handle, or per
+    merged handle read with NumPy), joined once at the end."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self.files: list[FileOf] = []
+        self._file_index: dict[int, tuple[object, int]] = {}  # by delegate object
+        self.columns: dict[str, list[np.ndarray]] = {k: [] for k in ("u", "d", "side", "file", "size", "count")}
+        self.offsets: list[np.ndarray] = []
+        self._scalars: dict[str, list[int]] = {k: [] for k in self.columns}
+        self._scalar_offsets: list[int] = []
+
+    def file(self, delegate) -> int:
+        known = self._file_index.get(id(delegate))
+        if known is not None and known[0] is delegate:
+            return known[1]
+        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
+        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
+        location = self.checkpoint.location(delegate)
+        self.files.append((location, inline, segment, self.checkpoint.beneath(location)))
+        self._file_index[id(delegate)] = (delegate, len(self.files) - 1)
+        return len(self.files) - 1
+
+    def one(self, u: int, d: int, side: int, handle: ChannelStateHandle) -> None:
+        for key, value in zip(self._scalars, (u, d, side, self.file(handle.delegate), handle.state_size, len(handle.offsets))):
+            self._scalars[key].append(value)
+        self._scalar_offsets.extend(handle.offsets)
+
+    def many(self, u: np.ndarray, d: np.ndarray, side: int, file: int, size: np.ndarray, offsets: np.ndarray) -> None:
+        """Channels of one merged handle: ``offsets`` is channels × buffers."""
+        self._flush()
+        n = len(u)
+        for key, value in (("u", u), ("d", d), ("side", np.full(n, side)), ("file", np.full(n, file)), ("size", size)):
+            self.columns[key].append(np.asarray(value, dtype=np.int64))
+        self.columns["count"].append(np.full(n, offsets.shape[1], dtype=np.int64))
+        self.offsets.append(offsets.astype(np.int64).ravel())
+
+    def _flush(self) -> None:
+        if self._scalars["u"]:
+            for key, values in self._scalars.items():
+                self.columns[key].append(np.array(values, dtype=np.int64))
+                values.clear()
+            self.offsets.append(np.array(self._scalar_offsets, dtype=np.int64))
+            self._scalar_offsets.clear()
+
+    def joined(self) -> dict[str, np.ndarray]:
+        self._flush()
+        result = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in self.columns.items()}
+        result["offsets"] = np.concatenate(self.offsets) if self.offsets else np.zeros(0, dtype=np.int64)
+        return result
+
+
+def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> ChannelTable:
+    """The logical channels of ``exchanges`` that hold data, exchange by exchange, each exchange's
+    by (u, d): the input state of d on the exchange's gate, then the output state of u on its
+    partition (as ``logical_channels`` pairs them)."""
+    metadata = checkpoint.metadata
+    sources = _Sources(checkpoint)
+    exchange_of: list[np.ndarray] = []
+    for index, exchange in enumerate(exchanges):
+        downstream = metadata.operator(exchange.downstream_id)
+        upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
+        pointwise = exchange.partitioner in POINTWISE_PARTITIONERS and upstream is not None and downstream is not None
+        before = sum(len(c) for c in sources.columns["u"]) + len(sources._scalars["u"])
+        _add_side(sources, downstream, INPUT, exchange.gate, pointwise, upstream)
+        _add_side(sources, upstream, OUTPUT, exchange.partition, pointwise, downstream)
+        after = sum(len(c) for c in sources.columns["u"]) + len(sources._scalars["u"])
+        exchange_of.append(np.full(after - before, index, dtype=np.int64))
+    rows = sources.joined()
+    exchange_rows = np.concatenate(exchange_of) if exchange_of else np.zeros(0, dtype=np.int64)
+    source_order = np.lexsort((np.arange(len(exchange_rows)), rows["side"], rows["d"], rows["u"], exchange_rows))
+    ex, u, d = exchange_rows[source_order], rows["u"][source_order], rows["d"][source_order]
+    side, count = rows["side"][source_order], rows["count"][source_order]
+    new_channel = np.ones(len(ex), dtype=bool)
+    new_channel[1:] = (ex[1:] != ex[:-1]) | (u[1:] != u[:-1]) | (d[1:] != d[:-1])
+    starts = np.flatnonzero(new_channel)
+    per_channel = np.diff(np.append(starts, len(ex)))
+    outputs = np.add.reduceat(side, starts) if len(starts) else np.zeros(0, dtype=np.int64)
+    gathered_start = np.zeros(len(rows["count"]), dtype=np.int64)  # each source's offsets, as gathered
+    np.cumsum(rows["count"][:-1], out=gathered_start[1:])
+    offset_start = np.zeros(len(count), dtype=np.int64)  # and as the table keeps them: in its sources' order
+    np.cumsum(count[:-1], out=offset_start[1:])
+    small = np.int32  # indexes, counts and subtasks (below 2**31); sizes and positions stay int64
+    return ChannelTable(
+        ex[starts].astype(small),
+        u[starts].astype(small),
+        d[starts].astype(small),
+        np.add.reduceat(rows["size"][source_order], starts) if len(starts) else np.zeros(0, dtype=np.int64),
+        starts,
+        (per_channel - outputs).astype(small),
+        outputs.astype(small),
+        rows["file"][source_order].astype(small),
+        offset_start,
+        count.astype(small),
+        rows["offsets"][_ranges(gathered_start[source_order], count)],
+        sources.files,
+        [metadata.operator(e.downstream_id).max_parallelism for e in exchanges],
+        [metadata.operator(e.downstream_id).parallelism for e in exchanges],
+    )
+
+
+def _add_side(
+    sources: _Sources,
+    op: Optional[OperatorState],
+    direction: str,
+    gate: int,
+    pointwise: bool,
+    other: Optional[OperatorState],
+) -> None:
+    """The handles of ``op`` on ``gate`` (input) or partition ``gate`` (output) as source rows
+    (side 0 input, 1 output) of their logical channels u -> d."""
+    if op is None:
+        return
+    side = 0 if direction == INPUT else 1
+    links: Optional[dict[tuple[int, int], int]] = None
+    if pointwise:
+        assert other is not None
+        if direction == INPUT:
+            links = {(d, c): u for u, d, c, _ in pointwise_channels(other.parallelism, op.parallelism)}
+        else:
+            links = {(u, s): d for u, d, _, s in pointwise_channels(op.parallelism, other.parallelism)}
+
+    def one(subtask: int, handle: ChannelStateHandle) -> None:
+        peer = handle.info[1] if links is None else links.get((subtask, handle.info[1]))
+        if peer is None:
+            raise CheckpointFormatError(
+                f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
+            )
+        u, d = (peer, subtask) if side == 0 else (subtask, peer)
+        sources.one(u, d, side, handle)
+
+    for subtask in op.subtasks:
+        handles = subtask.input_channels if direction == INPUT else subtask.output_channels
+        for handle in handles:
+            if not isinstance(handle, MergedChannelStateHandle):
+                if handle.info[0] == gate:
+                    one(subtask.index, handle)
+                continue
+            if gate not in handle.gates:
+                continue
+            channels = uniform_merged_channels(handle.serialized_offsets) if links is None else None
+            if channels is None:
+                for channel in handle.channels:
+                    if channel.info[0] == gate:
+                        one(subtask.index, channel)
+                continue
+            if handle.gates != (gate,):
+                channels = channels[channels["gate"] == gate]
+            peers = channels["channel"].astype(np.int64)
+            mine = np.full(len(channels), subtask.index, dtype=np.int64)
+            u, d = (peers, mine) if side == 0 else (mine, peers)
+            offsets = channels["offsets"] if "offsets" in (channels.dtype.names or ()) else np.zeros((len(channels), 0))
+            sources.many(u, d, side, sources.file(handle.delegate), channels["size"], offsets)
+
+
+Tasks = Union[ChannelTable, list[ChannelTask]]
