@@ -41,7 +41,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE), str(HERE.parent / "fixtures")]
 from generate import LARGE_FIXTURE, SCHEMA, SLOW_COUNT, generate  # noqa: E402
 
 import flink_env  # noqa: E402
-from spark_cluster import tree_rss_mb  # noqa: E402
+from spark_cluster import tree_pss_mb, tree_rss_mb  # noqa: E402
 
 CKPT = str(Path(sys.executable).parent / "ckpt")
 OPEN_FILES = 1024
@@ -53,15 +53,17 @@ def _limit_open_files() -> None:
 
 
 def timed(command: list[str]) -> dict:
-    """Wall and CPU seconds and peak RSS (MiB, with every process it started) of ``command``, run
+    """Wall and CPU seconds and peak RSS and PSS (MiB, with every process it started: RSS counts a
+    page a forked worker shares with its parent in both, PSS shares it out) of ``command``, run
     with at most OPEN_FILES open files."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.TemporaryFile() as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, preexec_fn=_limit_open_files)
-        peak = 0
+        peak = peak_pss = 0
         while process.poll() is None:
             peak = max(peak, tree_rss_mb(process.pid))
+            peak_pss = max(peak_pss, tree_pss_mb(process.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
         error = process.stderr.read().decode(errors="replace") if process.stderr else ""
@@ -69,7 +71,7 @@ def timed(command: list[str]) -> dict:
     if process.returncode not in (0, 1):  # verify exits 1 when it finds problems
         raise RuntimeError(f"{' '.join(command)} failed with exit code {process.returncode}: {error[-1000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": peak}
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": peak, "pss_mb": peak_pss}
 
 
 def metadata_read_seconds(checkpoint: Path) -> float:
@@ -168,7 +170,8 @@ def main() -> int:
                 row = bench_one(work, parallelism, channels, args.bytes, args.spark and parallelism == 1024, args.handles)
                 rows.append(row)
                 runs = " ".join(
-                    f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu rss={r['rss_mb']}"
+                    f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu "
+                    f"rss={r['rss_mb']} pss={r['pss_mb']}"
                     for name, r in row["runs"].items()
                 )
                 spark = f" spark_rescale_s={row['spark']['wall_s']:.2f}" if "spark" in row else ""
@@ -194,8 +197,9 @@ def main() -> int:
         )
     largest = max(rows, key=lambda r: (r["parallelism"], r["metadata_mb"]))
     peak = max(r["runs"][name]["rss_mb"] for r in rows for name in COMMANDS)
+    peak_pss = max(r["runs"][name]["pss_mb"] for r in rows for name in COMMANDS)
     print(
-        f"peak_rss_mb={peak} scale_flatness={max(ratios.values()):.1f} "
+        f"peak_rss_mb={peak} peak_pss_mb={peak_pss} scale_flatness={max(ratios.values()):.1f} "
         f"metadata_vs_flink={largest['metadata_read_s'] / largest['flink_load_s']:.2f}"
     )
     return 0
