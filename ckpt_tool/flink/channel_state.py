@@ -168,15 +168,7 @@ class ChannelStateReader:
             sizes = np.frombuffer(_framing.lengths(data, np.asarray(offsets, dtype=np.int64)), dtype=np.int64)
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
-        view = memoryview(data)
-        try:
-            return [
-                xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
-                for offset, size in zip(offsets, sizes.tolist())
-                if size >= min_bytes
-            ]
-        finally:
-            view.release()
+        return _digests(data, offsets, sizes.tolist(), min_bytes)
 
     def buffer_digests_together(self, sources: list[BufferSource], min_bytes: int = 0) -> Optional[list[bytes]]:
         """``buffer_digests`` of all ``sources``, in file order, in one pass where they lie in one
@@ -200,14 +192,7 @@ class ChannelStateReader:
         except ValueError:
             return None
         large = sizes >= min_bytes
-        view = memoryview(data)
-        try:
-            return [
-                xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
-                for offset, size in zip(offsets[large].tolist(), sizes[large].tolist())
-            ]
-        finally:
-            view.release()
+        return _digests(data, offsets[large].tolist(), sizes[large].tolist(), min_bytes)
 
     def buffers(self, source: BufferSource) -> list[bytes]:
         """The payloads of the source's buffers, one by one."""
@@ -261,6 +246,20 @@ class ChannelStateReader:
             raise CheckpointFormatError(f"{source.where}: negative buffer length at offset {last}")
         span = io.read_range(location, first, last + 4 + last_length - first)
         return HEADER + span, [o - first + len(HEADER) for o in source.offsets]
+
+
+def _digests(data, offsets: Sequence[int], sizes: list[int], min_bytes: int) -> list[bytes]:
+    """An xxh3-128 digest of each buffer (at its offset, of its payload size) of at least
+    ``min_bytes``, read where it lies (no copy)."""
+    view = memoryview(data)
+    try:
+        return [
+            xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
+            for offset, size in zip(offsets, sizes)
+            if size >= min_bytes
+        ]
+    finally:
+        view.release()
 
 
 def _close_map(data) -> None:
