@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Optional
+
 from ckpt_tool.engine.tasks import channel_tasks, read_channel
-from ckpt_tool.flink.channel_state import ChannelStateReader
+from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, OperatorState
 from ckpt_tool.records.schema import Exchange
 
 
@@ -43,10 +49,64 @@ def test_records_per_logical_channel_match_flink(fixture):
     assert seen == {k for k, c in expected.items() if c["input_buffers"] or c["output_buffers"]}
 
 
+@dataclass
+class LogicalChannel:
+    """The in-flight data of one logical channel u -> d of an exchange."""
+
+    upstream_subtask: int
+    downstream_subtask: int
+    input_handles: list[ChannelStateHandle] = field(default_factory=list)
+    output_handles: list[ChannelStateHandle] = field(default_factory=list)
+
+
+def logical_channels(
+    upstream: Optional[OperatorState],
+    downstream: Optional[OperatorState],
+    gate: int = 0,
+    partition: int = 0,
+    pointwise: bool = False,
+) -> list[LogicalChannel]:
+    """Pair the input state of ``downstream`` (gate ``gate``) with the output state of
+    ``upstream`` (partition ``partition``), one LogicalChannel per (u, d) that holds data.
+
+    On an all-to-all edge the input channel index is the upstream subtask index and the
+    subpartition index the downstream subtask index; on a pointwise edge (forward, rescale) the
+    links of :func:`pointwise_channels` say which is which."""
+    channels: dict[tuple[int, int], LogicalChannel] = {}
+    by_input: Callable[[int, int], Optional[int]] = lambda d, c: c
+    by_output: Callable[[int, int], Optional[int]] = lambda u, s: s
+    if pointwise and upstream is not None and downstream is not None:
+        links = pointwise_channels(upstream.parallelism, downstream.parallelism)
+        inputs = {(d, c): u for u, d, c, _ in links}
+        outputs = {(u, s): d for u, d, _, s in links}
+        by_input = lambda d, c: inputs.get((d, c))
+        by_output = lambda u, s: outputs.get((u, s))
+
+    def channel(u: Optional[int], d: Optional[int], handle: ChannelStateHandle) -> LogicalChannel:
+        found = channels.get((u, d))  # type: ignore[arg-type]
+        if found is None:  # made only where new (a job at parallelism p has up to p² of them)
+            if u is None or d is None:
+                raise CheckpointFormatError(
+                    f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
+                )
+            found = channels[(u, d)] = LogicalChannel(u, d)
+        return found
+
+    for subtask in downstream.subtasks if downstream else ():
+        d = subtask.index
+        for handle in subtask.channels_on(INPUT, gate):
+            channel(by_input(d, handle.info[1]), d, handle).input_handles.append(handle)
+    for subtask in upstream.subtasks if upstream else ():
+        u = subtask.index
+        for handle in subtask.channels_on(OUTPUT, partition):
+            channel(u, by_output(u, handle.info[1]), handle).output_handles.append(handle)
+    return [channels[key] for key in sorted(channels)]
+
+
 def _reference_tasks(checkpoint, described) -> list:
     """The channels as ``logical_channels`` pairs them, handle objects and all: what the columns
     of a ``ChannelTable`` must make, channel by channel."""
-    from ckpt_tool.flink.channel_state import BufferSource, logical_channels
+    from ckpt_tool.flink.channel_state import BufferSource
     from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 
     metadata, result = checkpoint.metadata, []

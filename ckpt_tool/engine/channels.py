@@ -79,25 +79,6 @@ class ChannelTable:
     def __len__(self) -> int:
         return len(self.exchange_index)
 
-    def task(self, i: int) -> ChannelTask:
-        start, inputs, outputs = int(self.source_start[i]), int(self.inputs[i]), int(self.outputs[i])
-        exchange = int(self.exchange_index[i])
-        return ChannelTask(
-            exchange,
-            int(self.upstream[i]),
-            int(self.downstream[i]),
-            self.max_parallelism[exchange],
-            self.parallelism[exchange],
-            [self._source(j) for j in range(start, start + inputs)],
-            [self._source(j) for j in range(start + inputs, start + inputs + outputs)],
-            int(self.size[i]),
-        )
-
-    def _source(self, j: int) -> BufferSource:
-        location, inline, segment, beneath = self.files[self.source_file[j]]
-        start = self.offset_start[j]
-        return BufferSource(location, inline, segment, self.offsets[start : start + self.offset_count[j]].tolist(), beneath)
-
     def part(self, start: int, stop: int) -> list[ChannelTask]:
         """The tasks of rows ``start`` to ``stop``: what one engine task works on (made from a few
         column slices: the sources of consecutive rows, and their offsets, lie one after another)."""
@@ -139,7 +120,8 @@ class ChannelTable:
     def __getitem__(self, i: int) -> ChannelTask:
         if not -len(self) <= i < len(self):
             raise IndexError(i)
-        return self.task(i % len(self))
+        i %= len(self)
+        return self.part(i, i + 1)[0]
 
     def __iter__(self) -> Iterator[ChannelTask]:
         for start in range(0, len(self), 4096):  # made a slice at a time
@@ -241,7 +223,9 @@ class _Sources:
 def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> ChannelTable:
     """The logical channels of ``exchanges`` that hold data, exchange by exchange, each exchange's
     by (u, d): the input state of d on the exchange's gate, then the output state of u on its
-    partition (as ``logical_channels`` pairs them)."""
+    partition, each side's handles in the order the metadata lists them. On an all-to-all edge
+    the input channel index is u and the subpartition index d; on a pointwise edge (forward,
+    rescale) ``pointwise_channels`` says which is which."""
     metadata = checkpoint.metadata
     sources = _Sources(checkpoint)
     exchange_of: list[np.ndarray] = []

@@ -1,4 +1,4 @@
-"""Channel-state files (in-flight network buffers): the one reader, the one writer, and logical channels.
+"""Channel-state files (in-flight network buffers): the one reader, the one writer, and which channels pair.
 
 A channel-state file, as ``ChannelStateSerializerImpl`` writes it, is an int version (0) followed
 by buffers, each an int length and that many bytes. A channel handle lists the offsets of its
@@ -21,7 +21,7 @@ really there, never from the metadata alone.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
@@ -30,7 +30,7 @@ import numpy as np
 import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError
-from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle, ChannelStateHandle, OperatorState, SegmentFileHandle
+from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.storage import FileIO, io_for, is_local
 
@@ -391,57 +391,3 @@ def pointwise_channels(upstream_parallelism: int, downstream_parallelism: int) -
             end = (d + 1) * upstream_parallelism // downstream_parallelism
             links += [(u, d, u - start, 0) for u in range(start, end)]
     return links
-
-
-@dataclass(slots=True)
-class LogicalChannel:
-    """The in-flight data of one logical channel u -> d of an exchange."""
-
-    upstream_subtask: int
-    downstream_subtask: int
-    input_handles: list[ChannelStateHandle] = field(default_factory=list)
-    output_handles: list[ChannelStateHandle] = field(default_factory=list)
-
-
-def logical_channels(
-    upstream: Optional[OperatorState],
-    downstream: Optional[OperatorState],
-    gate: int = 0,
-    partition: int = 0,
-    pointwise: bool = False,
-) -> list[LogicalChannel]:
-    """Pair the input state of ``downstream`` (gate ``gate``) with the output state of
-    ``upstream`` (partition ``partition``), one LogicalChannel per (u, d) that holds data.
-
-    On an all-to-all edge the input channel index is the upstream subtask index and the
-    subpartition index the downstream subtask index; on a pointwise edge (forward, rescale) the
-    links of :func:`pointwise_channels` say which is which."""
-    channels: dict[tuple[int, int], LogicalChannel] = {}
-    by_input: Callable[[int, int], Optional[int]] = lambda d, c: c
-    by_output: Callable[[int, int], Optional[int]] = lambda u, s: s
-    if pointwise and upstream is not None and downstream is not None:
-        links = pointwise_channels(upstream.parallelism, downstream.parallelism)
-        inputs = {(d, c): u for u, d, c, _ in links}
-        outputs = {(u, s): d for u, d, _, s in links}
-        by_input = lambda d, c: inputs.get((d, c))
-        by_output = lambda u, s: outputs.get((u, s))
-
-    def channel(u: Optional[int], d: Optional[int], handle: ChannelStateHandle) -> LogicalChannel:
-        found = channels.get((u, d))  # type: ignore[arg-type]
-        if found is None:  # made only where new (a job at parallelism p has up to p² of them)
-            if u is None or d is None:
-                raise CheckpointFormatError(
-                    f"channel {handle.info} of subtask {handle.subtask_index} does not exist on this pointwise edge"
-                )
-            found = channels[(u, d)] = LogicalChannel(u, d)
-        return found
-
-    for subtask in downstream.subtasks if downstream else ():
-        d = subtask.index
-        for handle in subtask.channels_on(INPUT, gate):
-            channel(by_input(d, handle.info[1]), d, handle).input_handles.append(handle)
-    for subtask in upstream.subtasks if upstream else ():
-        u = subtask.index
-        for handle in subtask.channels_on(OUTPUT, partition):
-            channel(u, by_output(u, handle.info[1]), handle).output_handles.append(handle)
-    return [channels[key] for key in sorted(channels)]
