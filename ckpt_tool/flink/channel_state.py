@@ -11,7 +11,7 @@ A logical channel upstream subtask u -> downstream subtask d is the input state 
 across the boundary: the output side often starts with the tail of a record whose head ends the
 input side, so the two are stitched before records are split. Which input channel and which
 subpartition connect u and d depends on the edge's distribution pattern (see
-:func:`pointwise_channels`).
+:func:`pointwise_channels`); ``ckpt_tool.engine.channels`` pairs them, as columns.
 
 Everything here reads and writes through ``FileIO``: local files are memory-mapped and read
 buffer by buffer, object stores are read with ranged GETs. Sizes come from the bytes that are
