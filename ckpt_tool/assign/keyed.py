@@ -25,6 +25,7 @@ handles is refused.
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from dataclasses import replace
 from typing import Optional
@@ -118,6 +119,26 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
     return KeyGroupsHandle(3, wanted.start, offsets, RelativeFileHandle(name, len(merged))), bytes(merged)
 
 
+class _Overlaps:
+    """Which of some key-group ranges overlap a wanted range, without looking at every range for
+    every new subtask (p old handles for p' new subtasks would be p × p' checks: 12.6 million
+    from 4,096 to 3,072): the ranges sorted by start, those starting within the longest range's
+    length before the wanted one's start looked at."""
+
+    def __init__(self, ranges: list[range]):
+        self.ranges = ranges
+        self.order = sorted(range(len(ranges)), key=lambda i: ranges[i].start)
+        self.starts = [ranges[i].start for i in self.order]
+        self.longest = max((len(r) for r in ranges), default=0)
+
+    def of(self, wanted: range) -> list[int]:
+        """Indexes of the ranges overlapping ``wanted``, in their own order."""
+        low = bisect.bisect_left(self.starts, wanted.start - self.longest + 1)
+        high = bisect.bisect_left(self.starts, wanted.stop)
+        found = [i for i in self.order[low:high] if _common(self.ranges[i], wanted)]
+        return sorted(found)
+
+
 def reassign_keyed(
     old_handles: list, max_parallelism: int, new_parallelism: int, checkpoint_id: int, merge=None
 ) -> list[Optional[KeyedHandle]]:
@@ -130,10 +151,12 @@ def reassign_keyed(
     if changelogs and merge is not None:
         raise KeyedStateError("ckpt does not reassign the changelog state backend's state in metadata version 3 (Flink 1.15)")
     result: list[Optional[KeyedHandle]] = []
+    overlapping_pieces = _Overlaps([p.key_groups for p in pieces])
     for index in range(new_parallelism):
         wanted = key_group_range(max_parallelism, new_parallelism, index)
+        candidates = [pieces[i] for i in overlapping_pieces.of(wanted)]  # in the old handles' order
         parts = []
-        for part in (_intersection(p, wanted) for p in pieces):
+        for part in (_intersection(p, wanted) for p in candidates):
             # an incremental handle shared by several old subtasks (after an earlier rescale) counts once
             if part is not None and part not in parts:
                 parts.append(part)
@@ -167,7 +190,7 @@ def reassign_keyed(
                     "RocksDB state of several old subtasks cannot be combined; choose a parallelism where each "
                     "new subtask's key groups come from one old subtask"
                 )
-            originals = [(p, _common(p.key_groups, wanted)) for p in pieces if isinstance(p, KeyGroupsHandle)]
+            originals = [(p, _common(p.key_groups, wanted)) for p in candidates if isinstance(p, KeyGroupsHandle)]
             result.append(merge([(p, r) for p, r in originals if len(r)], wanted, index))
             continue
         result.append(
