@@ -144,11 +144,13 @@ def scan_exchanges(
         duplicates[exchange_index] += len(subtasks) - 1
     columns = scans.columns
     order = np.lexsort((columns["downstream_subtask"], columns["upstream_subtask"], columns["exchange_index"]))
-    mine = columns["exchange_index"][order]
+    for name in list(columns):  # in (exchange, upstream, downstream) order, a column at a time (p² rows)
+        columns[name] = columns[name][order]
+    bounds = np.searchsorted(columns["exchange_index"], np.arange(len(exchanges) + 1))
     return [
         ExchangeScan(
             exchange,
-            scans.select(order[mine == index]),
+            scans.select(slice(int(bounds[index]), int(bounds[index + 1]))),  # views of the columns
             duplicates[index],
             _key_group_ranges(checkpoint, exchange),
             histogram=scans.histograms.get(index, np.zeros(0, dtype=np.int64)) if exchange.keyed else None,

@@ -153,8 +153,9 @@ class ScanColumns:
                     histograms[index] = merged
         return ScanColumns(columns, histograms, np.concatenate([p.holdings for p in parts]))
 
-    def select(self, rows: np.ndarray) -> ScanColumns:
-        """The channels at ``rows`` (indexes or a mask); histograms and holdings stay whole."""
+    def select(self, rows: np.ndarray | slice) -> ScanColumns:
+        """The channels at ``rows`` (indexes, a mask, or a slice: then views of the columns);
+        histograms and holdings stay whole."""
         return ScanColumns({name: column[rows] for name, column in self.columns.items()}, self.histograms, self.holdings)
 
     def scans(self) -> list[ChannelScan]:
