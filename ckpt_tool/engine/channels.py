@@ -213,6 +213,10 @@ class _Sources:
             self.offsets.append(np.array(self._scalar_offsets, dtype=np.int64))
             self._scalar_offsets.clear()
 
+    def __len__(self) -> int:
+        """Source rows gathered so far."""
+        return sum(len(column) for column in self.columns["u"]) + len(self._scalars["u"])
+
     def joined(self) -> dict[str, np.ndarray]:
         self._flush()
         result = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in self.columns.items()}
@@ -233,11 +237,10 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> ChannelT
         downstream = metadata.operator(exchange.downstream_id)
         upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
         pointwise = exchange.partitioner in POINTWISE_PARTITIONERS and upstream is not None and downstream is not None
-        before = sum(len(c) for c in sources.columns["u"]) + len(sources._scalars["u"])
+        before = len(sources)
         _add_side(sources, downstream, INPUT, exchange.gate, pointwise, upstream)
         _add_side(sources, upstream, OUTPUT, exchange.partition, pointwise, downstream)
-        after = sum(len(c) for c in sources.columns["u"]) + len(sources._scalars["u"])
-        exchange_of.append(np.full(after - before, index, dtype=np.int64))
+        exchange_of.append(np.full(len(sources) - before, index, dtype=np.int64))
     rows = sources.joined()
     exchange_rows = np.concatenate(exchange_of) if exchange_of else np.zeros(0, dtype=np.int64)
     source_order = np.lexsort((np.arange(len(exchange_rows)), rows["side"], rows["d"], rows["u"], exchange_rows))
