@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 
@@ -326,6 +326,3 @@ def _add_side(
             u, d = (peers, mine) if side == 0 else (mine, peers)
             offsets = channels["offsets"] if "offsets" in (channels.dtype.names or ()) else np.zeros((len(channels), 0))
             sources.many(u, d, side, sources.file(handle.delegate), channels["size"], offsets)
-
-
-Tasks = Union[ChannelTable, list[ChannelTask]]

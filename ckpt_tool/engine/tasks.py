@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import xxhash
 
-from ckpt_tool.engine.channels import ChannelTable, ChannelTask, Tasks
+from ckpt_tool.engine.channels import ChannelTable, ChannelTask
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
@@ -290,19 +290,16 @@ def discard_other_attempts(dst: str, tasks: list[RouteTask], routed: list[Routed
 @dataclass
 class RouteTask:
     """New input channel ``new_channel`` of an exchange: the old channels that feed it, in
-    (upstream, downstream) order (a ``ChannelTable`` of only theirs, where it came from one), and
-    the file to write."""
+    (upstream, downstream) order (a table of only theirs), and the file to write."""
 
     exchange_index: int
     new_channel: int
-    channels: Tasks
+    channels: ChannelTable
     file_name: str
 
     @property
     def size(self) -> int:
-        if isinstance(self.channels, ChannelTable):
-            return int(self.channels.size.sum())
-        return sum(channel.size for channel in self.channels)
+        return int(self.channels.size.sum())
 
 
 @dataclass
