@@ -15,16 +15,19 @@ import copy
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Optional
+
+import numpy as np
 
 from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.tasks import (
     ATTEMPT,
-    ReadBack,
     ReadBackTask,
     RoutedFile,
+    RouteTask,
     channel_tasks,
     discard_other_attempts,
     read_back,
@@ -39,6 +42,7 @@ from ckpt_tool.flink.model import (
     OUTPUT,
     AnyChannelHandle,
     ChannelStateHandle,
+    CheckpointMetadata,
     OperatorState,
     RelativeFileHandle,
     SubtaskState,
@@ -242,11 +246,44 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
         return _rewrite(session, dst, plan, claim)
 
 
+@dataclass
+class Staged:
+    """A rewrite before its proof: the new metadata (routed in-flight data placed in it), the
+    rerouted exchanges, the files the route tasks wrote into the destination, and the state
+    files still to write."""
+
+    metadata: CheckpointMetadata
+    rescaled: list
+    tasks: list[RouteTask]
+    routed: list[RoutedFile]
+    files: dict[str, bytes]
+    dropped: list
+
+
 def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim]) -> RescaleReport:
     """The rewrite under ``claim`` on ``dst``; a dry run (no claim) writes nothing."""
+    report = RescaleReport(claim is None)
+    staged = stage(session, dst, plan, claim, report)
+    if staged is None or claim is None:  # a dry run: the figures of a scan
+        return report
+    source, engine, routed = session.checkpoint, session.engine, staged.routed
+    records_out = verify_output(session, staged.metadata, staged.rescaled, routed, dst)
+    report.exchanges = _routed_figures(staged.rescaled, routed, records_out, staged.metadata)
+    report.dropped = _dropped_report(staged.dropped, source, engine)
+    report.files_written = len(routed) + len(staged.files)
+    report.leftovers_removed = len(claim.leftovers_removed)
+    discard_other_attempts(dst, staged.tasks, routed)  # the last sweep: an attempt Spark lost track of may write late
+    metadata, files, written = staged.metadata, staged.files, frozenset(r.file_name for r in routed)
+    write_checkpoint(source, metadata, dst, files, session.progress, written, claim)
+    return report
+
+
+def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim], report: RescaleReport) -> Optional[Staged]:
+    """Everything of a rewrite up to its proof: state reassigned, in-flight records routed into
+    files under ``dst`` and their handles placed in the new metadata. A dry run (no claim) fills
+    the report's figures from a scan and returns None."""
     dry_run = claim is None
     source = session.checkpoint
-    report = RescaleReport(dry_run)
     rescaled = [plan.exchanges[i] for i in plan.rescaled]
     replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
     rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
@@ -299,7 +336,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     if claim is None:
         report.exchanges = [_scanned_figures(scan, metadata) for scan in scan_exchanges(source, rescaled, engine)]
         report.dropped = _dropped_report(dropped, source, engine)
-        return report
+        return None
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
     # journaled before any is created: each task's file, and on Spark each attempt's
     claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
@@ -317,9 +354,12 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     for written in routed:
         exchange = rescaled[written.exchange_index]
         delegate = RelativeFileHandle(written.file_name, written.file_size)
-        for subtask, placed in written.placed.items():
+        info = (exchange.gate, written.new_channel)  # one tuple for the channel's handles in every subtask
+        placed = written.placed
+        offsets, bounds = placed.offsets.tolist(), placed.bounds.tolist()
+        for row, (subtask, size) in enumerate(zip(placed.subtask.tolist(), placed.size.tolist())):
             new_inputs[(exchange.downstream_id, subtask)].append(
-                ChannelStateHandle(INPUT, subtask, (exchange.gate, written.new_channel), placed.offsets, placed.size, delegate)
+                ChannelStateHandle(INPUT, subtask, info, offsets[bounds[row] : bounds[row + 1]], size, delegate)
             )
     for op in metadata.operators:
         _give_subtasks_their_inputs(op, new_inputs)
@@ -331,14 +371,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
             s.input_channels = list[AnyChannelHandle](inputs) + list[AnyChannelHandle](arrived)
             s.output_channels = outputs
 
-    read = _verify_output(session, metadata, rescaled, routed, dst)
-    report.exchanges = _routed_figures(rescaled, routed, read, metadata)
-    report.dropped = _dropped_report(dropped, source, engine)
-    report.files_written = len(routed) + len(files)
-    report.leftovers_removed = len(claim.leftovers_removed)
-    discard_other_attempts(dst, tasks, routed)  # the last sweep: an attempt Spark lost track of may write late
-    write_checkpoint(source, metadata, dst, files, session.progress, frozenset(r.file_name for r in routed), claim)
-    return report
+    return Staged(metadata, rescaled, tasks, routed, files, dropped)
 
 
 def _gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str, wanted: bool) -> Callable[[int], bool]:
@@ -357,52 +390,142 @@ def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
     op.subtasks.sort(key=lambda s: s.index)
 
 
-def _verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> dict:
-    """Read every written channel back through the new metadata's handles; returns the read-back
-    figures by (exchange index, subtask, new channel). Raises OutputVerificationError on any
-    difference from what was routed."""
-    by_file = {r.file_name: r for r in routed}
-    expected = {(r.exchange_index, subtask, r.new_channel): placed for r in routed for subtask, placed in r.placed.items()}
+class _Handles:
+    """Channel handles as columns: per handle, the routed file it references (an index into the
+    routed files), its exchange, subtask and new channel, and one key for the three."""
+
+    def __init__(self, files, exchanges, subtasks, channels) -> None:
+        self.file = np.asarray(files, dtype=np.int64)
+        self.exchange = np.asarray(exchanges, dtype=np.int64)
+        self.subtask = np.asarray(subtasks, dtype=np.int64)
+        self.channel = np.asarray(channels, dtype=np.int64)
+
+    def keys(self, subtasks: int, channels: int) -> np.ndarray:
+        return (self.exchange * subtasks + self.subtask) * channels + self.channel
+
+
+def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> np.ndarray:
+    """Read every written channel back through the new metadata's handles; returns the records read
+    back per rerouted exchange. Raises OutputVerificationError where the new metadata does not hold
+    exactly one handle for each channel routed, into the file it was routed to, or where a handle
+    reads back other records (count or digest) than were routed into it, or a file's bytes are not
+    each referenced by exactly one handle. Handles and figures are columns: a rescale at parallelism
+    in the thousands writes millions of handles."""
+    file_of = {r.file_name: i for i, r in enumerate(routed)}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
-    referenced: dict[tuple, tuple[str, list[int]]] = {}  # (exchange, subtask, channel) -> file, buffer offsets
+    files: list[int] = []
+    exchanges: list[int] = []
+    subtasks: list[int] = []
+    channels: list[int] = []
+    offsets: list = []
     for op in metadata.operators:
-        gates = [gate for operator_id, gate in index_of if operator_id == op.id_hex]
+        gates = [(gate, index) for (operator_id, gate), index in index_of.items() if operator_id == op.id_hex]
         for s in op.subtasks:
-            for handle in (h for gate in gates for h in s.channels_on(INPUT, gate)):
-                exchange_index = index_of.get((op.id_hex, handle.info[0]))
-                delegate = handle.delegate
-                if exchange_index is None or not isinstance(delegate, RelativeFileHandle):
-                    continue
-                if delegate.relative_path not in by_file:
-                    continue
-                key = (exchange_index, s.index, handle.info[1])
-                if key in referenced:
-                    problem = f"two handles for subtask {s.index} channel {handle.info}"
-                    raise _mismatch(metadata, rescaled[exchange_index], problem)
-                referenced[key] = (delegate.relative_path, handle.offsets)
-    for key in expected.keys() - referenced.keys():
-        raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} holds no handle for new channel {key[2]}")
-    for key in referenced.keys() - expected.keys():
-        raise _mismatch(metadata, rescaled[key[0]], f"subtask {key[1]} references channel {key[2]}, which was not routed")
-    handles: dict[str, list] = defaultdict(list)
-    for key, (name, offsets) in sorted(referenced.items()):
-        handles[name].append((key, list(offsets)))
-    tasks = [ReadBackTask(name, join(dst, name), by_file[name].file_size, items) for name, items in sorted(handles.items())]
-    read: dict[tuple, ReadBack] = {}
-    for name, problem, backs in session.engine.map(read_back, tasks, sizes=[t.size for t in tasks]):
-        if problem:
-            raise _mismatch(metadata, rescaled[by_file[name].exchange_index], f"{name}: {problem}")
-        read.update((back.key, back) for back in backs)
-    for key, placed in expected.items():
-        back = read[key]
-        if (back.records, back.digest, back.trailing_bytes) != (placed.records, placed.digest, 0):
-            raise _mismatch(
-                metadata,
-                rescaled[key[0]],
-                f"subtask {key[1]} channel {key[2]} reads back {back.records} records ({back.trailing_bytes} bytes "
-                f"left over), {placed.records} were routed" + ("" if back.records != placed.records else ", bytes differ"),
-            )
-    return read
+            for gate, exchange_index in gates:
+                handles = s.channels_on(INPUT, gate)
+                # only a RelativeFileHandle has a relative path: the files ckpt wrote are referenced so
+                in_file = [file_of.get(getattr(h.delegate, "relative_path", ""), -1) for h in handles]
+                ours = [h for h, f in zip(handles, in_file) if f >= 0]
+                if len(ours) < len(handles):
+                    in_file = [f for f in in_file if f >= 0]
+                files += in_file
+                exchanges += [exchange_index] * len(ours)
+                subtasks += [s.index] * len(ours)
+                channels += [h.info[1] for h in ours]
+                offsets += [h.offsets for h in ours]
+    held = _Handles(files, exchanges, subtasks, channels)
+    counts = [len(r.placed) for r in routed]
+    wanted = _Handles(
+        np.repeat(np.arange(len(routed)), counts),
+        np.repeat([r.exchange_index for r in routed], counts),
+        np.concatenate([r.placed.subtask for r in routed] or [np.zeros(0, dtype=np.int64)]),
+        np.repeat([r.new_channel for r in routed], counts),
+    )
+    width_s = int(max(held.subtask.max(initial=0), wanted.subtask.max(initial=0))) + 1
+    width_c = int(max(held.channel.max(initial=0), wanted.channel.max(initial=0))) + 1
+
+    def problem_at(handles: _Handles, row: int, template: str, **more) -> OutputVerificationError:
+        """The mismatch of handle ``row``: ``template`` names its subtask {s}, gate {g} and channel {c}."""
+        exchange = rescaled[int(handles.exchange[row])]
+        subtask, channel = int(handles.subtask[row]), int(handles.channel[row])
+        return _mismatch(metadata, exchange, template.format(s=subtask, c=channel, g=exchange.gate, **more))
+
+    if (held.channel < 0).any():
+        raise problem_at(held, int(np.argmax(held.channel < 0)), "subtask {s} references channel {c}, which was not routed")
+    held_keys, wanted_keys = held.keys(width_s, width_c), wanted.keys(width_s, width_c)
+    held_order, wanted_order = np.argsort(held_keys, kind="stable"), np.argsort(wanted_keys, kind="stable")
+    twice = np.flatnonzero(held_keys[held_order][1:] == held_keys[held_order][:-1])
+    if len(twice):
+        raise problem_at(held, int(held_order[twice[0] + 1]), "two handles for subtask {s} channel ({g}, {c})")
+    missing = np.flatnonzero(~np.isin(wanted_keys, held_keys))
+    if len(missing):
+        raise problem_at(wanted, int(missing[0]), "subtask {s} holds no handle for new channel {c}")
+    unrouted = np.flatnonzero(~np.isin(held_keys, wanted_keys))
+    if len(unrouted):
+        raise problem_at(held, int(unrouted[0]), "subtask {s} references channel {c}, which was not routed")
+    # now every routed channel has exactly one handle: row wanted_order[i] is held at held_order[i]
+    elsewhere = np.flatnonzero(held.file[held_order] != wanted.file[wanted_order])
+    if len(elsewhere):
+        row = int(held_order[elsewhere[0]])
+        routed_to = routed[int(wanted.file[wanted_order[elsewhere[0]]])].file_name
+        held_in = routed[int(held.file[row])].file_name
+        raise problem_at(
+            held,
+            row,
+            "subtask {s} channel {c} references {held_in}, its records were routed to {routed_to}",
+            held_in=held_in,
+            routed_to=routed_to,
+        )
+
+    # read back each file through its handles (in key order), with the engine
+    by_file = np.lexsort((held_keys, held.file))
+    buffers = np.fromiter((len(offsets[row]) for row in by_file.tolist()), dtype=np.int64, count=len(by_file))
+    flat = np.fromiter(chain.from_iterable(offsets[row] for row in by_file.tolist()), dtype=np.int64, count=int(buffers.sum()))
+    file_starts = np.flatnonzero(np.diff(held.file[by_file], prepend=-1)) if len(by_file) else by_file
+    file_stops = np.append(file_starts[1:], len(by_file))
+    buffer_bounds = np.zeros(len(by_file) + 1, dtype=np.int64)
+    np.cumsum(buffers, out=buffer_bounds[1:])
+    tasks = []
+    for start, stop in zip(file_starts.tolist(), file_stops.tolist()):
+        r = routed[int(held.file[by_file[start]])]
+        mine = flat[buffer_bounds[start] : buffer_bounds[stop]]
+        tasks.append(ReadBackTask(r.file_name, join(dst, r.file_name), r.file_size, mine, buffers[start:stop]))
+    records = np.zeros(len(by_file), dtype=np.int64)
+    trailing = np.zeros(len(by_file), dtype=np.int64)
+    digests = np.zeros((len(by_file), 16), dtype=np.uint8)
+    backs = session.engine.map(read_back, tasks, sizes=[t.size for t in tasks])
+    for start, stop, back in zip(file_starts.tolist(), file_stops.tolist(), backs):
+        if back.problem:
+            raise problem_at(held, int(by_file[start]), "{name}: {problem}", name=back.name, problem=back.problem)
+        rows = by_file[start:stop]
+        records[rows], trailing[rows] = back.records, back.trailing
+        digests[rows] = np.frombuffer(back.digests, dtype=np.uint8).reshape(stop - start, 16)
+
+    # what each handle reads back against what was routed into its channel
+    routed_records = np.concatenate([r.placed.records for r in routed] or [np.zeros(0, dtype=np.int64)])
+    routed_digests = np.concatenate([r.placed.digest_matrix() for r in routed] or [np.zeros((0, 16), dtype=np.uint8)])
+    held_rows, wanted_rows = held_order, wanted_order
+    wrong = (
+        (records[held_rows] != routed_records[wanted_rows])
+        | (trailing[held_rows] != 0)
+        | (digests[held_rows] != routed_digests[wanted_rows]).any(axis=1)
+    )
+    if wrong.any():
+        at = int(np.argmax(wrong))
+        row, expected = int(held_rows[at]), int(routed_records[wanted_rows[at]])
+        back_records, left = int(records[row]), int(trailing[row])
+        raise problem_at(
+            held,
+            row,
+            "subtask {s} channel {c} reads back {back} records ({left} bytes left over), {expected} were routed{differ}",
+            back=back_records,
+            left=left,
+            expected=expected,
+            differ="" if back_records != expected else ", bytes differ",
+        )
+    out = np.zeros(len(rescaled), dtype=np.int64)
+    np.add.at(out, held.exchange, records)
+    return out
 
 
 def _mismatch(metadata, exchange, problem: str) -> OutputVerificationError:
@@ -413,25 +536,20 @@ def _mismatch(metadata, exchange, problem: str) -> OutputVerificationError:
     )
 
 
-def _routed_figures(rescaled, routed: list[RoutedFile], read: dict, metadata) -> list[ExchangeFigures]:
+def _routed_figures(rescaled, routed: list[RoutedFile], records_out: np.ndarray, metadata) -> list[ExchangeFigures]:
     """Per rerouted exchange: read from the old channels, and read back from the new ones."""
-    result = []
-    for index, exchange in enumerate(rescaled):
-        figures = _figures(exchange, metadata)
-        for r in routed:
-            if r.exchange_index != index:
-                continue
-            counters = r.counters
-            figures.records_in += counters.records_in
-            figures.bytes_in += counters.bytes_in
-            figures.replicas_found += counters.replicas_found
-            figures.replicas_removed += counters.replicas_removed
-            figures.non_records_dropped += counters.non_records_dropped
-            for subtask, placed in r.placed.items():
-                figures.records_out += read[(index, subtask, r.new_channel)].records
-                figures.bytes_out += placed.size - 4 * len(placed.offsets)
-                figures.channels_written += 1
-        result.append(figures)
+    result = [_figures(exchange, metadata) for exchange in rescaled]
+    for figures, records in zip(result, records_out.tolist()):
+        figures.records_out = records
+    for r in routed:
+        figures, counters = result[r.exchange_index], r.counters
+        figures.records_in += counters.records_in
+        figures.bytes_in += counters.bytes_in
+        figures.replicas_found += counters.replicas_found
+        figures.replicas_removed += counters.replicas_removed
+        figures.non_records_dropped += counters.non_records_dropped
+        figures.bytes_out += r.placed.payload_bytes
+        figures.channels_written += len(r.placed)
     return result
 
 

@@ -18,7 +18,8 @@ by channel path only where that fails, which then names the channel and the elem
   subtask (a handle's buffers may lie anywhere in its file). No record crosses tasks, so there
   is no shuffle. ``route_batch`` reads the channels of all the route tasks of a batch first.
 - ``read_back``: a written file, read through the new metadata's handles: each handle's records
-  counted and digested, and every byte of the file referenced exactly once.
+  counted and digested, and every byte of the file referenced exactly once. What route tasks
+  place and read-backs find are columns (``Placed``, ``ReadBack``), not an object per handle.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import chain, groupby
 from typing import Any, Optional
 
 import numpy as np
@@ -39,6 +40,7 @@ from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
     ChannelStateReader,
+    ChannelStateWriter,
     write_channel_state_file,
 )
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
@@ -303,14 +305,36 @@ class RouteTask:
 
 
 @dataclass
-class PlacedChannel:
-    """Channel ``new_channel`` of one new subtask in a written file: its buffers' offsets, the
-    handle's state size, and the records routed into it with a digest of their bytes."""
+class Placed:
+    """Where a route task's file holds channel ``new_channel`` of each new downstream subtask, as
+    columns in subtask order (a route task of a job at high parallelism places hundreds): row i
+    is subtask ``subtask[i]``, its buffers' offsets ``offsets[bounds[i]:bounds[i + 1]]``, the
+    handle's state size, and the records routed into it with an xxh3-128 digest of their bytes
+    (``digests[16 * i : 16 * i + 16]``)."""
 
-    offsets: list[int]
-    size: int
-    records: int
-    digest: bytes
+    subtask: np.ndarray
+    size: np.ndarray
+    records: np.ndarray
+    digests: bytes
+    offsets: np.ndarray
+    bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.subtask)
+
+    @classmethod
+    def empty(cls) -> Placed:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, none, b"", none, np.zeros(1, dtype=np.int64))
+
+    def digest_matrix(self) -> np.ndarray:
+        """The digests as a (rows, 16) array of bytes."""
+        return np.frombuffer(self.digests, dtype=np.uint8).reshape(len(self), 16)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Payload bytes of all its buffers (without their 4-byte lengths)."""
+        return int(self.size.sum()) - 4 * len(self.offsets)
 
 
 @dataclass
@@ -321,8 +345,24 @@ class RoutedFile:
     new_channel: int
     file_name: str
     file_size: int = 0
-    placed: dict[int, PlacedChannel] = field(default_factory=dict)
+    placed: Placed = field(default_factory=Placed.empty)
     counters: RouteCounters = field(default_factory=RouteCounters)
+
+
+def _placed(writer: ChannelStateWriter, records: Counter, digests: dict[int, Any]) -> Placed:
+    """The writer's placements as columns, with the records and digests routed to each target."""
+    targets = sorted(writer.placements)
+    placements = [writer.placements[t] for t in targets]
+    bounds = np.zeros(len(targets) + 1, dtype=np.int64)
+    np.cumsum([len(p.offsets) for p in placements], out=bounds[1:])
+    return Placed(
+        np.array(targets, dtype=np.int64),
+        np.array([p.size for p in placements], dtype=np.int64),
+        np.array([records[t] for t in targets], dtype=np.int64),
+        b"".join([digests[t].digest() for t in targets]),
+        np.fromiter(chain.from_iterable(p.offsets for p in placements), dtype=np.int64, count=int(bounds[-1])),
+        bounds,
+    )
 
 
 def route_tasks(channels: ChannelTable, specs: list[RouteSpec]) -> list[RouteTask]:
@@ -395,10 +435,7 @@ def route_task(
 
     writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
     result.file_size = writer.size
-    result.placed = {
-        target: PlacedChannel(p.offsets, p.size, records[target], digests[target].digest())
-        for target, p in writer.placements.items()
-    }
+    result.placed = _placed(writer, records, digests)
     return result
 
 
@@ -427,31 +464,35 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
 
 
 @dataclass
-class ReadBack:
-    """One new channel handle read back: which, how many records, and their digest."""
-
-    key: tuple
-    records: int
-    digest: bytes
-    trailing_bytes: int
-
-
-@dataclass
 class ReadBackTask:
-    """A written channel-state file and the handles the new metadata holds into it."""
+    """A written channel-state file and the handles the new metadata holds into it: handle h's
+    buffers are the next ``counts[h]`` of ``offsets``."""
 
     name: str
     location: str
     size: int
-    handles: list[tuple[tuple, list[int]]]  # (key, buffer offsets)
+    offsets: np.ndarray
+    counts: np.ndarray
 
 
-def read_back(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
+@dataclass
+class ReadBack:
+    """A written file read back through its handles (in the task's order): each handle's records,
+    their xxh3-128 digest (16 bytes each, one after another) and the bytes of a cut record at its
+    end; ``problem`` says which bytes of the file no handle, or two, reference."""
+
+    name: str
+    problem: Optional[str]
+    records: np.ndarray
+    digests: bytes
+    trailing: np.ndarray
+
+
+def read_back(task: ReadBackTask) -> ReadBack:
     """Read a written file's handles as Flink will: count and digest each handle's records, and
-    check that its buffers and nothing else fill the file. Returns (name, problem, read-backs).
-    All handles are read and framed in one pass; where that fails, handle by handle (which says
-    where)."""
-    if task.size > SMALL_CHANNEL * len(task.handles):  # large channels: one by one is faster
+    check that its buffers and nothing else fill the file. All handles are read and framed in one
+    pass; large channels, or where that pass fails, handle by handle (which says where)."""
+    if task.size > SMALL_CHANNEL * len(task.counts):  # large channels: one by one is faster
         return _read_back_one_by_one(task)
     try:
         return _read_back_together(task)
@@ -459,24 +500,45 @@ def read_back(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
         return _read_back_one_by_one(task)
 
 
-def _read_back_together(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
+def _read_back_together(task: ReadBackTask) -> ReadBack:
     with ChannelStateReader() as reader:
-        sources = [BufferSource(task.location, None, None, offsets) for _, offsets in task.handles]
-        data, sizes = reader.joined_payloads(sources)
-        everything = BufferSource(task.location, None, None, [o for _, offsets in task.handles for o in offsets])
-        lengths = reader.lengths(everything)
-    bounds = np.zeros(len(sources) + 1, dtype=np.int64)
+        data, sizes, lengths = reader.grouped_payloads(
+            BufferSource(task.location, None, None, task.offsets.tolist()), task.counts
+        )
+    bounds = np.zeros(len(task.counts) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     framed = frame_joined(data, bounds)
-    counts = np.bincount(framed.channel[framed.records.is_record], minlength=len(sources)).tolist()
+    counts = np.bincount(framed.channel[framed.records.is_record], minlength=len(task.counts)).astype(np.int64)
     view = memoryview(data)
-    backs = [
-        ReadBack(key, count, xxhash.xxh3_128(view[start : end - trailing]).digest(), trailing)
-        for (key, _), count, start, end, trailing in zip(
-            task.handles, counts, bounds[:-1].tolist(), bounds[1:].tolist(), framed.trailing.tolist()
-        )
-    ]
-    offsets = np.asarray(everything.offsets, dtype=np.int64)
+    digests = b"".join(
+        [
+            xxhash.xxh3_128(view[start : end - trailing]).digest()
+            for start, end, trailing in zip(bounds[:-1].tolist(), bounds[1:].tolist(), framed.trailing.tolist())
+        ]
+    )
+    return ReadBack(task.name, _coverage(task, lengths), counts, digests, framed.trailing.astype(np.int64))
+
+
+def _read_back_one_by_one(task: ReadBackTask) -> ReadBack:
+    records, digests, trailing, lengths = [], [], [], []
+    bounds = np.zeros(len(task.counts) + 1, dtype=np.int64)
+    np.cumsum(task.counts, out=bounds[1:])
+    with ChannelStateReader() as reader:
+        for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            stream, own = reader.payload_and_lengths(BufferSource(task.location, None, None, task.offsets[start:stop].tolist()))
+            lengths += own
+            framed = frame_channel(stream)
+            digests.append(xxhash.xxh3_128(stream[: len(stream) - framed.trailing]).digest())
+            records.append(int(framed.is_record.sum()))
+            trailing.append(framed.trailing)
+    problem = _coverage(task, np.array(lengths, dtype=np.int64))
+    return ReadBack(task.name, problem, np.array(records, dtype=np.int64), b"".join(digests), np.array(trailing, dtype=np.int64))
+
+
+def _coverage(task: ReadBackTask, lengths: np.ndarray) -> Optional[str]:
+    """Which bytes of the file no handle references, or two do (None: each byte exactly once);
+    ``lengths``: the payload length of the buffer at each of the task's offsets."""
+    offsets = np.asarray(task.offsets, dtype=np.int64)
     order = np.argsort(offsets, kind="stable")
     starts, extents = offsets[order], 4 + lengths[order]
     expected = np.concatenate([[len(HEADER)], starts + extents]).astype(np.int64)
@@ -484,28 +546,7 @@ def _read_back_together(task: ReadBackTask) -> tuple[str, Optional[str], list[Re
     if len(wrong):
         offset, position = int(starts[wrong[0]]), int(expected[wrong[0]])
         what = "referenced twice" if offset < position else "not referenced by any handle"
-        return task.name, f"bytes {min(offset, position)} to {max(offset, position)} are {what}", backs
+        return f"bytes {min(offset, position)} to {max(offset, position)} are {what}"
     if int(expected[-1]) != task.size:
-        return task.name, f"bytes {int(expected[-1])} to {task.size} are not referenced by any handle", backs
-    return task.name, None, backs
-
-
-def _read_back_one_by_one(task: ReadBackTask) -> tuple[str, Optional[str], list[ReadBack]]:
-    backs, extents = [], []
-    with ChannelStateReader() as reader:
-        for key, offsets in task.handles:
-            stream, lengths = reader.payload_and_lengths(BufferSource(task.location, None, None, offsets))
-            extents += [(offset, 4 + length) for offset, length in zip(offsets, lengths)]
-            records = frame_channel(stream)
-            whole = stream[: len(stream) - records.trailing]
-            digest = xxhash.xxh3_128(whole).digest()
-            backs.append(ReadBack(key, int(records.is_record.sum()), digest, records.trailing))
-    position = len(HEADER)
-    for offset, extent in sorted(extents):
-        if offset != position:
-            what = "referenced twice" if offset < position else "not referenced by any handle"
-            return task.name, f"bytes {min(offset, position)} to {max(offset, position)} are {what}", backs
-        position += extent
-    if position != task.size:
-        return task.name, f"bytes {position} to {task.size} are not referenced by any handle", backs
-    return task.name, None, backs
+        return f"bytes {int(expected[-1])} to {task.size} are not referenced by any handle"
+    return None

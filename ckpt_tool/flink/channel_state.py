@@ -135,17 +135,20 @@ class ChannelStateReader:
             position += len(blob)
         return _framing.gather(joined, starts, starts + sizes), sizes
 
-    def lengths(self, source: BufferSource) -> np.ndarray:
-        """The payload length of each of the source's buffers (int64s), each buffer checked to lie
-        inside the file, in any order."""
+    def grouped_payloads(self, source: BufferSource, counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """The payloads of the source's buffers, concatenated, read with one call: group g is the
+        next ``counts[g]`` buffers (a file's handles, one after another). Returns the bytes, each
+        group's payload bytes, and each buffer's payload length (every buffer checked to lie in
+        the file)."""
         data, offsets = self._data(source)
         at = np.asarray(offsets, dtype=np.int64)
-        if len(at) and (at.min() < len(HEADER) or at.max() + 4 > len(data)):
-            raise CheckpointFormatError(f"{source.where}: a buffer offset is outside the file")
-        raw = np.frombuffer(data, dtype=np.uint8)
-        fields = raw[at[:, None] + np.arange(4)].astype(np.uint32)
-        lengths = fields[:, 0] << 24 | fields[:, 1] << 16 | fields[:, 2] << 8 | fields[:, 3]
-        return lengths.view(np.int32).astype(np.int64)
+        if len(at) and at.min() < len(HEADER):
+            raise CheckpointFormatError(f"{source.where}: buffer offset {at.min()} is inside the file header")
+        try:
+            blob, found = _framing.payloads_many(data, at, np.asarray(counts, dtype=np.int64))
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{source.where}: {exc}") from None
+        return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at)
 
     def _is_local(self, location: str) -> bool:
         known = self._local.get(location)
@@ -246,6 +249,13 @@ class ChannelStateReader:
             raise CheckpointFormatError(f"{source.where}: negative buffer length at offset {last}")
         span = io.read_range(location, first, last + 4 + last_length - first)
         return HEADER + span, [o - first + len(HEADER) for o in source.offsets]
+
+
+def _lengths_at(data, at: np.ndarray) -> np.ndarray:
+    """The 4-byte big-endian buffer lengths at offsets ``at`` (each inside ``data``), as int64s."""
+    fields = np.frombuffer(data, dtype=np.uint8)[at[:, None] + np.arange(4)].astype(np.uint32)
+    lengths = fields[:, 0] << 24 | fields[:, 1] << 16 | fields[:, 2] << 8 | fields[:, 3]
+    return lengths.view(np.int32).astype(np.int64)
 
 
 def _digests(data, offsets: Sequence[int], sizes: list[int], min_bytes: int) -> list[bytes]:

@@ -85,6 +85,11 @@ _LONG = struct.Struct(">q")
 _INT = struct.Struct(">i")
 _MERGED_CHANNEL_HEAD = struct.Struct(">iiqi")  # a channel in a merged handle: info, state size, offset count
 _OFFSETS = {count: struct.Struct(f">{count}q") for count in range(1, 9)}
+# a plain channel handle of up to 8 buffers, but its delegate, in one pack: its tag (version 6+),
+# subtask, info, offset count, offsets and state size
+_PLAIN_CHANNEL = {
+    (tagged, count): struct.Struct((">B" if tagged else ">") + f"iiii{count}qq") for tagged in (False, True) for count in range(9)
+}
 _FILE_TAGS = (bytes([FILE_STREAM]), bytes([RELATIVE_STREAM]))
 CHANNEL_TAGS = {(INPUT, False): 1, (OUTPUT, False): 2, (INPUT, True): 3, (OUTPUT, True): 4}
 
@@ -627,13 +632,10 @@ def merging_gains(metadata: CheckpointMetadata) -> bool:
     for op in metadata.operators:
         for s in op.subtasks:
             for handles in (s.input_channels, s.output_channels):
-                files: set[int] = set()
-                for handle in handles:
-                    if isinstance(handle, MergedChannelStateHandle) and handle.channel_count > 1:
-                        return True
-                    if id(handle.delegate) in files:
-                        return True
-                    files.add(id(handle.delegate))
+                if len({id(handle.delegate) for handle in handles}) < len(handles):
+                    return True
+                if any(isinstance(handle, MergedChannelStateHandle) and handle.channel_count > 1 for handle in handles):
+                    return True
     return False
 
 
@@ -892,7 +894,18 @@ class _MetadataWriter:
     def channel_handle(self, h) -> None:
         w = self.w
         merged = isinstance(h, MergedChannelStateHandle)
-        if self.version >= 6:
+        tagged = self.version >= 6
+        if not merged and len(h.offsets) <= 8:  # the common case, packed at once (p² of them at parallelism p)
+            offsets, delegate = h.offsets, h.delegate
+            known = self._files.get(id(delegate))
+            if known is not None and known[0] is delegate:
+                head = (CHANNEL_TAGS[(h.direction, False)],) if tagged else ()
+                w.buffer += _PLAIN_CHANNEL[(tagged, len(offsets))].pack(
+                    *head, h.subtask_index, h.info[0], h.info[1], len(offsets), *offsets, h.state_size
+                )
+                w.buffer += known[1]
+                return
+        if tagged:
             w.u8(CHANNEL_TAGS[(h.direction, merged)])
         elif merged:
             raise CheckpointFormatError(f"metadata version {self.version} cannot hold merged channel state handles")
@@ -957,13 +970,8 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
         elif isinstance(h, ChangelogStreamHandle):
             h.handles_and_offsets = [(stream(inner), offset) for inner, offset in h.handles_and_offsets]
 
-    replaced: dict[int, tuple] = {}  # channel delegates done, by identity: the channels of one file share one
-
-    def shared(h):
-        done = replaced.get(id(h))
-        if done is None:
-            done = replaced[id(h)] = (h, stream(h))  # the handle is kept, so that its id stays its own
-        return done[1]
+    # channel delegates done, by identity (the channels of one file share one); each kept, so that its id stays its own
+    replaced: dict[int, tuple] = {}
 
     for op in metadata.operators:
         if enter:
@@ -977,8 +985,11 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
                     handle.delegate = stream(handle.delegate)
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
-            for ch in s.input_channels + s.output_channels:
-                ch.delegate = shared(ch.delegate)  # a merged handle's channels decode with its delegate
+            for ch in s.input_channels + s.output_channels:  # (``shared``, inline: p² of them at parallelism p)
+                done = replaced.get(id(ch.delegate))
+                if done is None:
+                    done = replaced[id(ch.delegate)] = (ch.delegate, stream(ch.delegate))
+                ch.delegate = done[1]  # a merged handle's channels decode with its delegate
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:
