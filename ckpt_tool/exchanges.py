@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -29,6 +29,13 @@ from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
 # (exchange index, upstream subtask, digest) -> old downstream subtasks holding that record
 Holders = dict[tuple[int, int, bytes], set[int]]
+
+
+# ``json.dumps`` of a channel's dict in ``ExchangeScan.as_dict``, its misplaced records last (%s: null where not keyed)
+_CHANNEL_ROW = (
+    '{"upstream_subtask": %d, "downstream_subtask": %d, "input_buffers": %d, "output_buffers": %d, "bytes": %d, '
+    '"records": %d, "watermarks": %d, "other_elements": %d, "partial_bytes": %d, "misplaced_records": %s}'
+)
 
 
 @dataclass
@@ -68,12 +75,14 @@ class ExchangeScan:
         found = np.flatnonzero(self.histogram)
         return Counter(dict(zip(found.tolist(), self.histogram[found].tolist())))
 
-    def as_dict(self) -> dict:
+    def as_dict(self, channels: bool = True) -> dict:
+        """The documented layout; without ``channels``, the channel rows are left out (the key last,
+        ``channels_json`` encodes them)."""
         exchange, keyed = self.exchange, self.keyed
         histogram = self.key_group_histogram
         columns = FIGURES[1:]  # every figure but the exchange's index
-        rows = zip(*(self.figures.columns[name].tolist() for name in columns))
-        return {
+        rows = zip(*(self.figures.columns[name].tolist() for name in columns)) if channels else iter(())
+        result = {
             "upstream": exchange.upstream_id,
             "downstream": exchange.downstream_id,
             "gate": exchange.gate,
@@ -108,6 +117,19 @@ class ExchangeScan:
                 for u, d, i, o, b, r, w, e, t, m in rows
             ],
         }
+        if not channels:
+            del result["channels"]
+        return result
+
+    def channels_json(self) -> Iterator[str]:
+        """``json.dumps`` of each item of ``as_dict()["channels"]``, made from the columns without
+        the dicts (a job at parallelism p has up to p² channels)."""
+        columns = [self.figures.columns[name].tolist() for name in FIGURES[1:-1]]
+        misplaced = self.figures.columns[FIGURES[-1]].tolist() if self.keyed else ["null"] * len(columns[0])
+        row = _CHANNEL_ROW
+        for start in range(0, len(misplaced), 4096):  # rows made a slice at a time
+            stop = start + 4096
+            yield from (row % values for values in zip(*(c[start:stop] for c in columns), misplaced[start:stop]))
 
 
 def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):

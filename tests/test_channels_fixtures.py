@@ -151,6 +151,7 @@ def test_channel_table_makes_the_channels_logical_channels_pairs(fixture):
     reference = _reference_tasks(checkpoint, described)
     assert [_made(t) for t in table] == reference
     assert [_made(t) for t in table.part(0, len(table))] == reference
+    assert [_made(t) for t in table.tasks(0, len(table))] == reference
     backwards = np.arange(len(table))[::-1]
     assert [_made(t) for t in table.take(backwards)] == reference[::-1]
     assert [_made(t) for t in table.take(np.arange(len(table)) % 2 == 0)] == reference[::2]
@@ -161,6 +162,10 @@ def test_channel_table_of_a_generated_job_at_parallelism_24(tmp_path):
     channels list different numbers of buffers), and plain ones, make what the handles pair."""
     import sys
     from pathlib import Path
+
+    import numpy as np
+
+    from ckpt_tool.engine.tasks import scan_batch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from generate import FIXTURE, SCHEMA, generate
@@ -174,3 +179,17 @@ def test_channel_table_of_a_generated_job_at_parallelism_24(tmp_path):
             table = channel_tasks(session.checkpoint, session.exchanges)
             assert len(table) >= (24 * 24 if channels == "dense" else 24 * 24 // 10)
             assert [_made(t) for t in table] == _reference_tasks(session.checkpoint, session.exchanges)
+            # an engine task's table is scanned from its columns: the figures of scanning its tasks
+            for part in (table, table.part(3, len(table) - 5), table.take(np.arange(len(table))[::-1])):
+                assert_same_scan(scan_batch(part, session.exchanges), scan_batch(part.tasks(0, len(part)), session.exchanges))
+
+
+def assert_same_scan(one, other) -> None:
+    assert one.columns.keys() == other.columns.keys()
+    for name in one.columns:
+        assert one.columns[name].tolist() == other.columns[name].tolist(), name
+    assert one.histograms.keys() == other.histograms.keys()
+    for index in one.histograms:
+        assert one.histograms[index].tolist() == other.histograms[index].tolist()
+    assert sorted(map(tuple, one.holdings.tolist())) == sorted(map(tuple, other.holdings.tolist()))
+    assert one.columns["records"].sum() > 0

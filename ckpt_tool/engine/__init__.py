@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.storage import STORAGE_ENVIRONMENT
@@ -76,7 +76,8 @@ class Lazy(Protocol):
 
     def __len__(self) -> int: ...
 
-    def part(self, start: int, stop: int) -> list: ...
+    def part(self, start: int, stop: int) -> Any:
+        """Items ``start`` to ``stop``: a sequence of them (iterating it makes each)."""
 
 
 class _Part:
@@ -86,11 +87,11 @@ class _Part:
     def __init__(self, items: Lazy, start: int, stop: int):
         self.items, self.start, self.stop = items, start, stop
 
-    def made(self) -> list:
+    def made(self) -> Any:
         return self.items.part(self.start, self.stop)
 
 
-def _made(batch) -> list:
+def _made(batch) -> Any:
     return batch.made() if isinstance(batch, _Part) else batch
 
 

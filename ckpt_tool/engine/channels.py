@@ -79,9 +79,14 @@ class ChannelTable:
     def __len__(self) -> int:
         return len(self.exchange_index)
 
-    def part(self, start: int, stop: int) -> list[ChannelTask]:
-        """The tasks of rows ``start`` to ``stop``: what one engine task works on (made from a few
-        column slices: the sources of consecutive rows, and their offsets, lie one after another)."""
+    def part(self, start: int, stop: int) -> ChannelTable:
+        """Rows ``start`` to ``stop`` as a table of their own: what one engine task works on (a
+        forked worker or Spark gets columns, and makes tasks only where it needs them)."""
+        return self.take(np.arange(start, max(start, stop)))
+
+    def tasks(self, start: int, stop: int) -> list[ChannelTask]:
+        """The tasks of rows ``start`` to ``stop`` (made from a few column slices: the sources of
+        consecutive rows, and their offsets, lie one after another)."""
         if start >= stop:
             return []
         exchanges = self.exchange_index[start:stop].tolist()
@@ -121,11 +126,11 @@ class ChannelTable:
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)
-        return self.part(i, i + 1)[0]
+        return self.tasks(i, i + 1)[0]
 
     def __iter__(self) -> Iterator[ChannelTask]:
         for start in range(0, len(self), 4096):  # made a slice at a time
-            yield from self.part(start, min(start + 4096, len(self)))
+            yield from self.tasks(start, min(start + 4096, len(self)))
 
     def take(self, rows: np.ndarray) -> ChannelTable:
         """The channels at ``rows`` (indexes or a mask), in that order, with only their own sources

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 import xxhash
 
-from ckpt_tool.engine.channels import ChannelTable, ChannelTask
+from ckpt_tool.engine.channels import ChannelTable, ChannelTask, _ranges
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
@@ -50,7 +50,7 @@ from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
 from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
 from ckpt_tool.records.schema import Exchange
-from ckpt_tool.storage import io_for, join
+from ckpt_tool.storage import io_for, is_local, join
 
 
 def read_channel(reader: ChannelStateReader, task: ChannelTask) -> ChannelRecords:
@@ -142,13 +142,16 @@ def _blocks(tasks: list[ChannelTask]) -> list[list[ChannelTask]]:
     return blocks
 
 
-def scan_batch(tasks: list[ChannelTask], exchanges: list[Exchange]) -> ScanColumns:
+def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
     """``scan_channel`` of every channel of an engine task, as columns: the channels of each
     exchange are read with one reader (each file mapped once), framed in one pass and scanned
     with one NumPy pass over all their records. Where that fails (a corrupt channel, a record
     that does not fit its type), the channels are scanned one by one, which raises the error that
-    names the channel and the element."""
+    names the channel and the element. A table of channels in local files is read from its columns
+    (no object per channel); other channels through their tasks."""
     _framing.reuse_memory()
+    if isinstance(tasks, ChannelTable) and _all_local(tasks):
+        return _scan_table(tasks, exchanges)
     parts = []
     with ChannelStateReader() as reader:
         for _, same in groupby(tasks, key=lambda t: t.exchange_index):
@@ -159,6 +162,102 @@ def scan_batch(tasks: list[ChannelTask], exchanges: list[Exchange]) -> ScanColum
                 except CkptError:
                     parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in group]))
     return ScanColumns.concatenate(parts)
+
+
+def _all_local(table: ChannelTable) -> bool:
+    """Whether every file of the table is a local one (not inline data, not an object store's)."""
+    return all(location is not None and inline is None and is_local(location) for location, inline, _, _ in table.files)
+
+
+def _row_blocks(sizes: list[int], start: int) -> list[tuple[int, int]]:
+    """``_blocks`` of rows ``start``.. of these sizes, as (start, stop) rows."""
+    blocks: list[tuple[int, int]] = []
+    held, first = TOGETHER_BYTES, start
+    for row, size in enumerate(sizes, start):
+        if held + size > TOGETHER_BYTES:
+            if row > first:
+                blocks.append((first, row))
+            first, held = row, 0
+        held += size
+    if sizes:
+        blocks.append((first, start + len(sizes)))
+    return blocks
+
+
+def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
+    parts = []
+    index = table.exchange_index
+    runs = np.flatnonzero(np.diff(index, prepend=-1)).tolist() + [len(table)] if len(table) else [0]
+    with ChannelStateReader() as reader:
+        for run_start, run_stop in zip(runs[:-1], runs[1:]):
+            exchange_index = int(index[run_start])
+            exchange = exchanges[exchange_index]
+            for start, stop in _row_blocks(table.size[run_start:run_stop].tolist(), run_start):
+                try:
+                    framed, input_buffers, output_buffers = read_rows(reader, table, start, stop)
+                    parts.append(
+                        _scan_framed(
+                            framed,
+                            exchange,
+                            exchange_index,
+                            table.upstream[start:stop].astype(np.int64),
+                            table.downstream[start:stop].astype(np.int64),
+                            input_buffers,
+                            output_buffers,
+                            table.max_parallelism[exchange_index],
+                            table.parallelism[exchange_index],
+                        )
+                    )
+                except CkptError:
+                    channels = table.tasks(start, stop)
+                    parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels]))
+    return ScanColumns.concatenate(parts)
+
+
+def read_rows(
+    reader: ChannelStateReader, table: ChannelTable, start: int, stop: int
+) -> tuple[FramedChannels, np.ndarray, np.ndarray]:
+    """``read_channels`` of rows ``start`` to ``stop`` of a table whose files are local, from its
+    columns: each file's buffers read with one call. Returns the framed channels and each
+    channel's input-side and output-side buffers."""
+    first = int(table.source_start[start])
+    last = int(table.source_start[stop - 1] + table.inputs[stop - 1] + table.outputs[stop - 1])
+    source_file = table.source_file[first:last]
+    counts = table.offset_count[first:last].astype(np.int64)
+    offset_start = table.offset_start[first:last].astype(np.int64)
+    order = np.argsort(source_file, kind="stable")  # the sources of one file together, in table order
+    ordered = source_file[order]
+    groups = np.flatnonzero(np.diff(ordered, prepend=-1)).tolist() + [len(order)]
+    sizes = np.zeros(last - first, dtype=np.int64)
+    blobs = []
+    for a, b in zip(groups[:-1], groups[1:]):
+        members = order[a:b]
+        location, _, segment, beneath = table.files[int(ordered[a])]
+        offsets = table.offsets[_ranges(offset_start[members], counts[members])]
+        source = BufferSource(location, None, segment, offsets.tolist(), beneath)
+        blob, found, _ = reader.grouped_payloads(source, counts[members], lengths=False)
+        sizes[members] = found
+        blobs.append(blob)
+    if len(blobs) == 1 and (order == np.arange(len(order))).all():
+        data = blobs[0]
+    else:  # back into table order
+        joined = b"".join(blobs)
+        in_joined = np.zeros(len(order), dtype=np.int64)
+        ordered_sizes = sizes[order]
+        ends = np.cumsum(ordered_sizes)
+        in_joined[order] = ends - ordered_sizes
+        data = _framing.gather(joined, in_joined, in_joined + sizes)
+    source_bounds = np.zeros(last - first + 1, dtype=np.int64)
+    np.cumsum(sizes, out=source_bounds[1:])
+    rows = stop - start
+    per_channel = (table.inputs[start:stop] + table.outputs[start:stop]).astype(np.int64)
+    channel_first = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(per_channel, out=channel_first[1:])
+    channel_of_source = np.repeat(np.arange(rows), per_channel)
+    is_input = np.arange(last - first) - channel_first[:-1][channel_of_source] < table.inputs[start:stop][channel_of_source]
+    input_buffers = np.bincount(channel_of_source, weights=counts * is_input, minlength=rows).astype(np.int64)
+    output_buffers = np.bincount(channel_of_source, weights=counts * ~is_input, minlength=rows).astype(np.int64)
+    return frame_joined(data, source_bounds[channel_first]), input_buffers, output_buffers
 
 
 def read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> FramedChannels:
@@ -175,35 +274,56 @@ def read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> Frame
 
 
 def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchange: Exchange) -> ScanColumns:
-    framed = read_channels(reader, tasks)
-    records, channel, count = framed.records, framed.channel, len(tasks)
     first = tasks[0]
-    keys = key_groups_of(exchange, first.max_parallelism)
+    return _scan_framed(
+        read_channels(reader, tasks),
+        exchange,
+        first.exchange_index,
+        np.array([t.upstream_subtask for t in tasks], dtype=np.int64),
+        np.array([t.downstream_subtask for t in tasks], dtype=np.int64),
+        np.array([_buffers(t.inputs) for t in tasks], dtype=np.int64),
+        np.array([_buffers(t.outputs) for t in tasks], dtype=np.int64),
+        first.max_parallelism,
+        first.parallelism,
+    )
+
+
+def _scan_framed(
+    framed: FramedChannels,
+    exchange: Exchange,
+    exchange_index: int,
+    upstream: np.ndarray,
+    downstream: np.ndarray,
+    input_buffers: np.ndarray,
+    output_buffers: np.ndarray,
+    max_parallelism: int,
+    parallelism: int,
+) -> ScanColumns:
+    """The figures of channels of one exchange, framed together."""
+    records, channel, count = framed.records, framed.channel, len(upstream)
+    keys = key_groups_of(exchange, max_parallelism)
     check_values(records, exchange, keys)
     is_record = records.is_record
     record_channel = channel[is_record]
     found = np.bincount(record_channel, minlength=count)
     watermarks = np.bincount(channel[records.tags == WATERMARK], minlength=count)
-    upstream = np.array([t.upstream_subtask for t in tasks], dtype=np.int64)
-    downstream = np.array([t.downstream_subtask for t in tasks], dtype=np.int64)
     misplaced = np.zeros(count, dtype=np.int64)
     result = ScanColumns.empty()
     if keys is not None and len(record_channel):
         groups = keys.of(records, is_record).astype(np.int64)
-        max_parallelism, parallelism = first.max_parallelism, first.parallelism
         held_by = downstream[record_channel]
         start = (held_by * max_parallelism + parallelism - 1) // parallelism  # key_group_range, vectorised
         stop = ((held_by + 1) * max_parallelism - 1) // parallelism + 1
         misplaced = np.bincount(record_channel[(groups < start) | (groups >= stop)], minlength=count)
-        result.histograms[first.exchange_index] = np.bincount(groups, minlength=max_parallelism).astype(np.int64)
+        result.histograms[exchange_index] = np.bincount(groups, minlength=max_parallelism).astype(np.int64)
         held, group = np.divmod(np.unique(record_channel * max_parallelism + groups), max_parallelism)
-        result.holdings = np.stack([np.full(len(held), first.exchange_index), upstream[held], downstream[held], group], axis=1)
+        result.holdings = np.stack([np.full(len(held), exchange_index), upstream[held], downstream[held], group], axis=1)
     result.columns = {
-        "exchange_index": np.full(count, first.exchange_index, dtype=np.int64),
+        "exchange_index": np.full(count, exchange_index, dtype=np.int64),
         "upstream_subtask": upstream,
         "downstream_subtask": downstream,
-        "input_buffers": np.array([_buffers(t.inputs) for t in tasks], dtype=np.int64),
-        "output_buffers": np.array([_buffers(t.outputs) for t in tasks], dtype=np.int64),
+        "input_buffers": input_buffers,
+        "output_buffers": output_buffers,
         "bytes": np.diff(framed.bounds),
         "records": found.astype(np.int64),
         "watermarks": watermarks.astype(np.int64),
@@ -502,9 +622,9 @@ def read_back(task: ReadBackTask) -> ReadBack:
 
 def _read_back_together(task: ReadBackTask) -> ReadBack:
     with ChannelStateReader() as reader:
-        data, sizes, lengths = reader.grouped_payloads(
-            BufferSource(task.location, None, None, task.offsets.tolist()), task.counts
-        )
+        source = BufferSource(task.location, None, None, task.offsets.tolist())
+        data, sizes, lengths = reader.grouped_payloads(source, task.counts)
+    assert lengths is not None
     bounds = np.zeros(len(task.counts) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     framed = frame_joined(data, bounds)

@@ -135,11 +135,13 @@ class ChannelStateReader:
             position += len(blob)
         return _framing.gather(joined, starts, starts + sizes), sizes
 
-    def grouped_payloads(self, source: BufferSource, counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    def grouped_payloads(
+        self, source: BufferSource, counts: np.ndarray, lengths: bool = True
+    ) -> tuple[bytes, np.ndarray, Optional[np.ndarray]]:
         """The payloads of the source's buffers, concatenated, read with one call: group g is the
         next ``counts[g]`` buffers (a file's handles, one after another). Returns the bytes, each
-        group's payload bytes, and each buffer's payload length (every buffer checked to lie in
-        the file)."""
+        group's payload bytes, and with ``lengths`` each buffer's payload length (every buffer
+        checked to lie in the file)."""
         data, offsets = self._data(source)
         at = np.asarray(offsets, dtype=np.int64)
         if len(at) and at.min() < len(HEADER):
@@ -148,7 +150,7 @@ class ChannelStateReader:
             blob, found = _framing.payloads_many(data, at, np.asarray(counts, dtype=np.int64))
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
-        return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at)
+        return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at) if lengths else None
 
     def _is_local(self, location: str) -> bool:
         known = self._local.get(location)

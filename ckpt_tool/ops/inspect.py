@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.javaser import read_java_object
 from ckpt_tool.flink.metadata import SAVEPOINT_KEY_GROUPS, iter_stream_handles
@@ -27,8 +29,10 @@ from ckpt_tool.flink.model import (
     IncrementalKeyedHandle,
     InMemoryChangelogHandle,
     KeyGroupsHandle,
+    MergedChannelStateHandle,
     OperatorState,
     SubtaskState,
+    uniform_merged_channels,
 )
 from ckpt_tool.session import Session
 
@@ -55,16 +59,22 @@ class BufferTotals:
     bytes: int = 0
 
 
+class Encoded(str):
+    """An item of a ``Streamed`` list already encoded: the text ``json.dumps`` gives the value it
+    stands for (made without the dicts, for the p² channel rows of a job at parallelism p)."""
+
+
 class Streamed:
     """A list in ``InspectReport.as_dict(streamed=True)`` whose items are made one at a time as
-    they are written (``write_json``): a job at parallelism p lists up to p² channels."""
+    they are written (``write_json``): a job at parallelism p lists up to p² channels. Its items
+    are dicts, or ``Encoded`` text."""
 
     __slots__ = ("items",)
 
-    def __init__(self, items: Callable[[], Iterator[dict]]):
+    def __init__(self, items: Callable[[], Iterator[dict | Encoded]] | Callable[[], Iterator[dict]]):
         self.items = items
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[dict | Encoded]:
         return self.items()
 
 
@@ -73,9 +83,14 @@ def write_json(value: Any, write: Callable[[str], object]) -> None:
     same text: Python's encoder with its default separators)."""
     if isinstance(value, Streamed):
         write("[")
+        pieces: list[str] = []
         for number, item in enumerate(value):
-            write(", " + json.dumps(item) if number else json.dumps(item))
-        write("]")
+            text = item if isinstance(item, Encoded) else json.dumps(item)
+            pieces.append(", " + text if number else text)
+            if len(pieces) == 1024:  # written a thousand items at a time (millions of channel rows)
+                write("".join(pieces))
+                pieces.clear()
+        write("".join(pieces) + "]")
     elif isinstance(value, dict) and value:
         for number, (key, item) in enumerate(value.items()):
             write(("{" if number == 0 else ", ") + json.dumps(key) + ": ")
@@ -159,12 +174,17 @@ class SubtaskSummary:
     state_size: StateSizes
     changelog: Optional[ChangelogSummary] = None
     summarize_channels: Callable[[], list[ChannelSummary]] = field(default=list, repr=False, compare=False)
+    encode_channels: Optional[Callable[[], str]] = field(default=None, repr=False, compare=False)
 
     @property
     def channels(self) -> list[ChannelSummary]:
         """Its channel handles, summarized when asked: a job at parallelism p has p² of them, which
         ``inspect --json`` writes subtask by subtask."""
         return self.summarize_channels()
+
+    def channels_json(self) -> str:
+        """``json.dumps`` of its channels' dicts, encoded straight from its handles where it can be."""
+        return self.encode_channels() if self.encode_channels else json.dumps([c.as_dict() for c in self.channels])
 
 
 @dataclass
@@ -194,8 +214,18 @@ class OperatorSummary:
             "finished": self.finished,
             "channel_state": {k: asdict(v) for k, v in self.channel_state.items()},
             "state_size": asdict(self.state_size),
-            "subtasks": Streamed(self._subtask_dicts) if streamed else list(self._subtask_dicts()),
+            "subtasks": Streamed(self._subtask_texts) if streamed else list(self._subtask_dicts()),
         }
+
+    def _subtask_texts(self) -> Iterator[Encoded]:
+        """``json.dumps`` of each of ``_subtask_dicts``, without making the channel dicts."""
+        for s in self.subtasks:
+            changelog = json.dumps(s.changelog.as_dict()) if s.changelog else "null"
+            state_size = json.dumps(asdict(s.state_size))
+            yield Encoded(
+                f'{{"index": {s.index}, "finished": {json.dumps(s.finished)}, "state_size": {state_size}, '
+                f'"channels": {s.channels_json()}, "changelog": {changelog}}}'
+            )
 
     def _subtask_dicts(self) -> Iterator[dict]:
         for s in self.subtasks:
@@ -262,8 +292,13 @@ class InspectReport:
         }
         if self.exchanges is not None:
             result["engine"] = self.engine
-            result["exchanges"] = [e.as_dict() for e in self.exchanges]
+            result["exchanges"] = [_streamed_channels(e) if streamed else e.as_dict() for e in self.exchanges]
         return result
+
+
+def _streamed_channels(scan: ExchangeScan) -> dict:
+    """The exchange's dict, its channels a ``Streamed`` list of their encoded rows."""
+    return {**scan.as_dict(channels=False), "channels": Streamed(lambda: map(Encoded, scan.channels_json()))}
 
 
 def _channel_totals(op: OperatorState, direction: str) -> BufferTotals:
@@ -284,6 +319,40 @@ def _channel_summaries(checkpoint: Checkpoint, subtask: SubtaskState) -> Callabl
         ]
 
     return summarize
+
+
+# a channel row of ``inspect --json`` (``ChannelSummary.as_dict``), by direction: info, buffers, bytes, file
+_CHANNEL_ROWS = {
+    direction: f'{{"direction": {json.dumps(direction)}, "{first}": %d, "{second}": %d, "buffers": %d, "bytes": %d, "file": %s}}'
+    for direction, first, second in ((INPUT, "gate", "channel"), (OUTPUT, "partition", "subpartition"))
+}
+
+
+def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], str]:
+    def encode() -> str:
+        files: dict[int, tuple[object, str]] = {}  # by delegate: the channels of one file share it
+        rows = []
+        for direction in (INPUT, OUTPUT):
+            row = _CHANNEL_ROWS[direction]
+            for handle in subtask.input_channels if direction == INPUT else subtask.output_channels:
+                delegate = handle.delegate
+                known = files.get(id(delegate))
+                if known is None or known[0] is not delegate:
+                    known = files[id(delegate)] = (delegate, json.dumps(checkpoint.location(delegate)))
+                file = known[1]
+                if not isinstance(handle, MergedChannelStateHandle):
+                    rows.append(row % (handle.info[0], handle.info[1], len(handle.offsets), handle.payload_bytes, file))
+                    continue
+                alike = None if isinstance(delegate, ByteStreamHandle) else uniform_merged_channels(handle.serialized_offsets)
+                if alike is None:  # channel by channel
+                    rows += [row % (h.info[0], h.info[1], len(h.offsets), h.payload_bytes, file) for h in handle.channels]
+                    continue
+                payload = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
+                columns = (alike["gate"].tolist(), alike["channel"].tolist(), alike["buffers"].tolist(), payload.tolist())
+                rows += [row % (*values, file) for values in zip(*columns)]
+        return "[" + ", ".join(rows) + "]"
+
+    return encode
 
 
 def _keyed_size(handle) -> int:
@@ -353,7 +422,12 @@ def _state_sizes(subtasks: list[SubtaskState]) -> StateSizes:
 def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSummary:
     subtasks = [
         SubtaskSummary(
-            s.index, s.finished, _state_sizes([s]), changelog_summary(checkpoint, s), _channel_summaries(checkpoint, s)
+            s.index,
+            s.finished,
+            _state_sizes([s]),
+            changelog_summary(checkpoint, s),
+            _channel_summaries(checkpoint, s),
+            _channels_json(checkpoint, s),
         )
         for s in op.subtasks
     ]
