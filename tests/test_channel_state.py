@@ -11,6 +11,7 @@ from ckpt_tool.flink.channel_state import (
     ChannelStateReader,
     ChannelStateWriter,
     pointwise_channels,
+    small_channels_file,
     write_channel_state_file,
 )
 from ckpt_tool.records.batch import frame_channel
@@ -111,3 +112,26 @@ def test_a_reader_keeps_a_bounded_number_of_files_mapped(tmp_path, monkeypatch):
         for number, source in enumerate(sources * 2):
             assert reader.payload(source) == bytes([number % 10]) * 10
             assert len(reader._mapped) <= 4
+
+
+def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
+    """Where no target fills a buffer, ``small_channels_file`` makes the file the streaming writer
+    writes (the same bytes and placements; an empty piece still places its target); where one
+    does, it leaves the file to the writer."""
+    import random
+
+    rng = random.Random(7)
+    for case in range(40):
+        targets = rng.sample(range(500), rng.randint(1, 60))
+        pieces = [(rng.choice(targets), bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))) for _ in range(200)]
+        uri = str(tmp_path / f"file-{case}")
+        writer = write_channel_state_file(LocalFileIO(), uri, pieces, buffer_size=4096)
+        made = small_channels_file(pieces, buffer_size=4096)
+        assert made is not None
+        data, placements, streams = made
+        assert data == (tmp_path / f"file-{case}").read_bytes()
+        assert {t: (p.offsets, p.size) for t, p in placements.items()} == {
+            t: (p.offsets, p.size) for t, p in writer.placements.items()
+        }
+        assert streams == {t: b"".join(d for u, d in pieces if u == t) for t in streams}
+    assert small_channels_file([(1, b"x" * 10), (2, b"y" * 3), (1, b"z" * 6)], buffer_size=16) is None

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ckpt_tool.engine.channels import ChannelTable
 from ckpt_tool.engine.tasks import channel_tasks, read_channel
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
@@ -152,6 +153,9 @@ def test_channel_table_makes_the_channels_logical_channels_pairs(fixture):
     assert [_made(t) for t in table] == reference
     assert [_made(t) for t in table.part(0, len(table))] == reference
     assert [_made(t) for t in table.tasks(0, len(table))] == reference
+    middle = len(table) // 2
+    parts = [table.part(0, middle), table.take(np.arange(0)), table.part(middle, len(table))]
+    assert [_made(t) for t in ChannelTable.concatenate(parts)] == reference
     backwards = np.arange(len(table))[::-1]
     assert [_made(t) for t in table.take(backwards)] == reference[::-1]
     assert [_made(t) for t in table.take(np.arange(len(table)) % 2 == 0)] == reference[::2]

@@ -132,6 +132,43 @@ class ChannelTable:
         for start in range(0, len(self), 4096):  # made a slice at a time
             yield from self.tasks(start, min(start + 4096, len(self)))
 
+    @staticmethod
+    def concatenate(tables: list[ChannelTable]) -> ChannelTable:
+        """The rows of ``tables`` one after another, in one table (each file listed once). The
+        tables are of one build (``channel_tasks``): they share the exchanges."""
+        files: dict[FileOf, int] = {}
+        source_files, source_starts, offset_starts = [], [], []
+        sources = offsets = 0
+        for table in tables:
+            mapping = np.array([files.setdefault(f, len(files)) for f in table.files], dtype=np.int64)
+            source_files.append(mapping[table.source_file] if len(table.source_file) else table.source_file.astype(np.int64))
+            source_starts.append(table.source_start.astype(np.int64) + sources)
+            offset_starts.append(table.offset_start.astype(np.int64) + offsets)
+            sources += len(table.source_file)
+            offsets += len(table.offsets)
+        first = tables[0] if tables else None
+
+        def joined(name: str, parts: Optional[list] = None) -> np.ndarray:
+            arrays = parts if parts is not None else [getattr(t, name) for t in tables]
+            return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+        return ChannelTable(
+            joined("exchange_index"),
+            joined("upstream"),
+            joined("downstream"),
+            joined("size"),
+            joined("source_start", source_starts),
+            joined("inputs"),
+            joined("outputs"),
+            joined("source_file", source_files),
+            joined("offset_start", offset_starts),
+            joined("offset_count"),
+            joined("offsets"),
+            list(files),
+            first.max_parallelism if first else [],
+            first.parallelism if first else [],
+        )
+
     def take(self, rows: np.ndarray) -> ChannelTable:
         """The channels at ``rows`` (indexes or a mask), in that order, with only their own sources
         and offsets (a table handed to another process carries no more than its channels)."""

@@ -40,7 +40,8 @@ from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
     ChannelStateReader,
-    ChannelStateWriter,
+    Placement,
+    small_channels_file,
     write_channel_state_file,
 )
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
@@ -126,6 +127,7 @@ def scan_channel(
 # processor's caches and its buffers in reused memory (one pass over 64 MiB of large channels was
 # 1.5 to 3 times slower than channel by channel).
 TOGETHER_BYTES = 1 << 20
+COLLECT_BYTES = 16 << 20  # a route task of at most this many bytes is routed first, then written (``small_channels_file``)
 SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads an engine task's channels at once
 
 
@@ -469,10 +471,10 @@ class RoutedFile:
     counters: RouteCounters = field(default_factory=RouteCounters)
 
 
-def _placed(writer: ChannelStateWriter, records: Counter, digests: dict[int, Any]) -> Placed:
-    """The writer's placements as columns, with the records and digests routed to each target."""
-    targets = sorted(writer.placements)
-    placements = [writer.placements[t] for t in targets]
+def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, Any]) -> Placed:
+    """A file's placements as columns, with the records and digests routed to each target."""
+    targets = sorted(placed)
+    placements = [placed[t] for t in targets]
     bounds = np.zeros(len(targets) + 1, dtype=np.int64)
     np.cumsum([len(p.offsets) for p in placements], out=bounds[1:])
     return Placed(
@@ -507,76 +509,94 @@ def route_task(
     dst: str,
     reader: Optional[ChannelStateReader] = None,
     framed: Optional[FramedChannels] = None,
-    made: Optional[list[ChannelTask]] = None,
 ) -> RoutedFile:
     """Route the task's records and write its channel-state file under ``dst``. The channels of
     each upstream subtask are read, framed and routed together (``route_together``); where they
     hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
-    copies or names the channel and the record that does not fit."""
+    copies or names the channel and the record that does not fit. ``framed``: the task's channels
+    already read (``route_batch``)."""
     if reader is None:
         with ChannelStateReader() as own:
-            return route_task(task, spec, dst, own, framed, made)
+            return route_task(task, spec, dst, own, framed)
     _framing.reuse_memory()
     result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
+    table = task.channels  # in (upstream, downstream) order
+    old_parallelism = table.parallelism[task.exchange_index]
 
-    def together(channels: list[ChannelTask], position: int) -> Optional[list]:
-        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
-        if sum(c.size for c in channels) > SMALL_CHANNEL * len(channels):  # large channels: one by one is faster
+    def together(start: int, stop: int) -> Optional[list]:
+        if int(table.size[start:stop].sum()) > SMALL_CHANNEL * (stop - start):  # large channels: one by one is faster
             return None
         try:
-            mine = framed.part(position, position + len(channels)) if framed else read_channels(reader, channels)
+            mine = framed.part(start, stop) if framed else read_channels(reader, table.tasks(start, stop))
             if mine.trailing.any():
                 return None
             check_values(mine.records, spec.exchange, keys)
-            downstreams = np.array([t.downstream_subtask for t in channels], dtype=np.int64)
+            downstreams = table.downstream[start:stop].astype(np.int64)
+            upstream = int(table.upstream[start])
             return route_together(mine, downstreams, spec, keys, result.counters, upstream, old_parallelism)
         except (CkptError, NotTogether):
             return None
 
-    def one_by_one(channels: list[ChannelTask]):
+    def one_by_one(start: int, stop: int):
+        channels = table.tasks(start, stop)
         decoded = [(t.downstream_subtask, read_whole_records(reader, t, spec.label, spec.exchange, keys)) for t in channels]
-        upstream, old_parallelism = channels[0].upstream_subtask, channels[0].parallelism
         with naming(spec.label):
-            yield from route_upstream(decoded, spec, keys, result.counters, upstream, old_parallelism)
+            yield from route_upstream(decoded, spec, keys, result.counters, channels[0].upstream_subtask, old_parallelism)
 
-    def pieces():
-        position = 0
-        for _, same_upstream in groupby(task.channels if made is None else made, key=lambda t: t.upstream_subtask):
-            channels = list(same_upstream)
-            routed = together(channels, position)
-            position += len(channels)
-            for target, framed, count in one_by_one(channels) if routed is None else routed:
+    def routed():
+        """(target, framed records, their count), upstream subtask by upstream subtask."""
+        bounds = np.flatnonzero(np.diff(table.upstream, prepend=-1)).tolist() + [len(table)] if len(table) else [0]
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            together_routed = together(start, stop)
+            yield from one_by_one(start, stop) if together_routed is None else together_routed
+
+    def pieces(items):
+        for target, framed, count in items:
+            records[target] += count
+            digests.setdefault(target, xxhash.xxh3_128()).update(framed)
+            yield target, framed
+
+    out, uri = io_for(dst), join(dst, result.file_name)
+    items = routed()
+    if task.size <= COLLECT_BYTES:  # small: routed first, then written at once where every channel is one buffer
+        items = list(items)
+        small = small_channels_file((target, framed) for target, framed, _ in items)
+        if small is not None:
+            data, placements, streams = small
+            out.write(uri, data)
+            for target, _, count in items:
                 records[target] += count
-                digests.setdefault(target, xxhash.xxh3_128()).update(framed)
-                yield target, framed
-
-    writer = write_channel_state_file(io_for(dst), join(dst, result.file_name), pieces())
+            result.file_size = len(data)
+            result.placed = _placed(placements, records, {t: xxhash.xxh3_128(s) for t, s in streams.items()})
+            return result
+    writer = write_channel_state_file(out, uri, pieces(items))
     result.file_size = writer.size
-    result.placed = _placed(writer, records, digests)
+    result.placed = _placed(writer.placements, records, digests)
     return result
 
 
 def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
     """``route_task`` of every task of an engine task: the channels of all of them are read first,
-    each file once (``joined_payloads``), so that files shared by the tasks are not opened again
-    and again (a reader keeps at most MAX_OPEN_MAPS open)."""
-    made = [list(task.channels) for task in tasks]  # a table's tasks made once
-    channels = [channel for mine in made for channel in mine]
+    each file once (``read_rows`` from the tasks' tables joined, or ``joined_payloads``), so that
+    files shared by the tasks are not opened again and again (a reader keeps at most
+    MAX_OPEN_MAPS open)."""
+    whole = ChannelTable.concatenate([task.channels for task in tasks])
     with ChannelStateReader() as reader:
         framed: Optional[FramedChannels] = None
-        if sum(c.size for c in channels) <= SMALL_CHANNEL * len(channels):  # many small channels
+        if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole):  # many small channels
             try:  # every file read once, its channels' buffers in one call, then each task routed from memory
-                framed = read_channels(reader, channels)
+                framed = read_rows(reader, whole, 0, len(whole))[0] if _all_local(whole) else read_channels(reader, list(whole))
             except CkptError:  # each task reads its channels itself, and says which does not read
                 framed = None
         results, position = [], 0
-        for task, own in zip(tasks, made):
-            mine = framed.part(position, position + len(own)) if framed else None
-            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine, own))
-            position += len(own)
+        for task in tasks:
+            count = len(task.channels)
+            mine = framed.part(position, position + count) if framed else None
+            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine))
+            position += count
         return results
 
 

@@ -364,6 +364,34 @@ class ChannelStateWriter:
         return out
 
 
+def small_channels_file(
+    pieces: Iterable[tuple[int, bytes]], buffer_size: int = BUFFER_SIZE
+) -> Optional[tuple[bytes, dict[int, Placement], dict[int, bytes]]]:
+    """The file ``ChannelStateWriter`` writes from these pieces, made at once where no target's
+    channel fills a buffer (then each non-empty one is a single partial buffer, written at the
+    end in target order, as ``finish`` writes them): the file's bytes, the placements and each
+    target's stream. None where some target fills a buffer. A rescale at high parallelism routes
+    a few records into each of thousands of channels: one join instead of a call per piece."""
+    streams: dict[int, list[bytes]] = {}
+    for target, data in pieces:
+        streams.setdefault(target, []).append(data)
+    joined = {target: parts[0] if len(parts) == 1 else b"".join(parts) for target, parts in streams.items()}
+    if any(len(data) >= buffer_size for data in joined.values()):
+        return None
+    frames: list = [HEADER]
+    placements: dict[int, Placement] = {}
+    position, pack = len(HEADER), _LENGTH.pack
+    for target in sorted(joined):
+        data = joined[target]
+        placement = placements[target] = Placement()
+        if data:
+            placement.offsets.append(position)
+            placement.size = 4 + len(data)
+            position += 4 + len(data)
+            frames += (pack(len(data)), data)
+    return b"".join(frames), placements, joined
+
+
 def write_channel_state_file(
     io: FileIO, uri: str, pieces: Iterable[tuple[int, bytes]], buffer_size: int = BUFFER_SIZE
 ) -> ChannelStateWriter:
