@@ -179,3 +179,39 @@ def test_channel_state_check_reads_a_file_at_once_and_still_names_the_bad_channe
     buffers, _, replicas = check_channel_state(cp, True)
     assert [(p.subtask, p.channel) for p in buffers.problems] == [(3, f"input 0/{broken.info[1]}")]
     assert [p.count for p in replicas.problems] == [per_channel]
+
+
+def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_path):
+    """`verify` reads a subtask's merged handles as columns where their channels list as many
+    buffers: the same buffer digests as checking channel by channel, on every fixture and on a
+    generated p=24 job; a subtask holding a channel twice is left to the channel-by-channel check."""
+    import sys
+    from pathlib import Path
+
+    from ckpt_tool.flink.channel_state import ChannelStateReader
+    from ckpt_tool.ops.verify import _buffer_digests, _merged_digests
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import generate
+
+    generated = tmp_path / "job" / "chk-3"
+    generate(generated, 24, 2_000_000, channels="dense")
+    read_as_columns = 0
+    for checkpoint in [Checkpoint.open(str(f.checkpoint)) for f in ALL_FIXTURES] + [Checkpoint.open(str(generated))]:
+        for op in checkpoint.metadata.operators:
+            for s in op.subtasks:
+                for direction in (INPUT, OUTPUT):
+                    with ChannelStateReader() as reader:
+                        merged = _merged_digests(checkpoint, reader, s, direction)
+                        if merged is None:
+                            continue
+                        problems: list = []
+                        handles = s.channel_handles(direction)
+                        each = _buffer_digests(checkpoint, reader, handles, direction, problems, op.label, s.index)
+                    assert sorted(merged) == sorted(each) and not problems
+                    read_as_columns += 1
+    assert read_as_columns >= 24
+    subtask = next(s for op in Checkpoint.open(str(generated)).metadata.operators for s in op.subtasks if s.input_channels)
+    subtask.input_channels = subtask.input_channels + subtask.input_channels[:1]
+    with ChannelStateReader() as reader:
+        assert _merged_digests(Checkpoint.open(str(generated)), reader, subtask, INPUT) is None

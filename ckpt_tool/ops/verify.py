@@ -25,7 +25,14 @@ from ckpt_tool.flink.changelog import changelog_handles, read_change_set
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
-from ckpt_tool.flink.model import INPUT, OUTPUT, ByteStreamHandle
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    ByteStreamHandle,
+    MergedChannelStateHandle,
+    SegmentFileHandle,
+    uniform_merged_channels,
+)
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
@@ -123,6 +130,12 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
         for s in op.subtasks:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
+                    suffix = direction.encode()
+                    merged = _merged_digests(cp, reader, s, direction) if files_ok else None
+                    if merged is not None:  # merged handles, read as columns: nothing to report
+                        for found in merged:
+                            digests[found + suffix].add(s.index)
+                        continue
                     infos = set()
                     readable = []
                     for h in s.channel_handles(direction):
@@ -139,7 +152,6 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                             )
                         if files_ok or isinstance(h.delegate, ByteStreamHandle):
                             readable.append(h)
-                    suffix = direction.encode()
                     for found in _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index):
                         digests[found + suffix].add(s.index)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
@@ -152,6 +164,42 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
 
 def _channel_name(direction: str, handle) -> str:
     return f"{direction} {handle.info[0]}/{handle.info[1]}"
+
+
+def _merged_digests(cp: Checkpoint, reader: ChannelStateReader, subtask, direction: str) -> Optional[list[bytes]]:
+    """``_buffer_digests`` of a subtask's handles of one direction where they are merged handles in
+    local files whose channels all list as many buffers (as Flink 2.1+ writes them at high
+    parallelism), read as columns without decoding a channel, and where there is nothing to
+    report: each channel once, every handle the subtask's own, every file read. None otherwise
+    (then the handles are checked channel by channel, which names what is wrong)."""
+    handles = subtask.input_channels if direction == INPUT else subtask.output_channels
+    if not handles or not all(isinstance(h, MergedChannelStateHandle) and h.subtask_index == subtask.index for h in handles):
+        return None
+    keys, by_file = [], defaultdict(list)
+    for handle in handles:
+        channels = None if isinstance(handle.delegate, ByteStreamHandle) else uniform_merged_channels(handle.serialized_offsets)
+        if channels is None:
+            return None
+        keys.append(channels["gate"].astype(np.int64) << 32 | channels["channel"].astype(np.int64) & 0xFFFFFFFF)
+        if "offsets" in (channels.dtype.names or ()):
+            by_file[id(handle.delegate)].append((handle, channels["offsets"].astype(np.int64).reshape(-1)))
+    every = np.concatenate(keys)
+    if len(np.unique(every)) != len(every):
+        return None
+    found: list[bytes] = []
+    for members in by_file.values():
+        delegate = members[0][0].delegate
+        location = cp.location(delegate)
+        if location is None:
+            return None
+        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
+        offsets = np.concatenate([o for _, o in members]).tolist()
+        source = BufferSource(location, None, segment, offsets, cp.beneath(location))
+        together = reader.buffer_digests_together([source], REPLICA_MIN_BUFFER_BYTES)
+        if together is None:
+            return None
+        found += together
+    return found
 
 
 def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, direction: str, problems: list, op, subtask):
