@@ -84,12 +84,15 @@ def write_json(value: Any, write: Callable[[str], object]) -> None:
     if isinstance(value, Streamed):
         write("[")
         pieces: list[str] = []
+        held = 0
         for number, item in enumerate(value):
             text = item if isinstance(item, Encoded) else json.dumps(item)
             pieces.append(", " + text if number else text)
-            if len(pieces) == 1024:  # written a thousand items at a time (millions of channel rows)
+            held += len(text)
+            if held >= 1 << 20:  # written a MiB at a time (millions of small channel rows, or large subtasks)
                 write("".join(pieces))
                 pieces.clear()
+                held = 0
         write("".join(pieces) + "]")
     elif isinstance(value, dict) and value:
         for number, (key, item) in enumerate(value.items()):
