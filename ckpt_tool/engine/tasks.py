@@ -41,6 +41,7 @@ from ckpt_tool.flink.channel_state import (
     BufferSource,
     ChannelStateReader,
     Placement,
+    in_order,
     small_channels_file,
     write_channel_state_file,
 )
@@ -133,15 +134,7 @@ SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads 
 
 def _blocks(tasks: list[ChannelTask]) -> list[list[ChannelTask]]:
     """Consecutive runs of ``tasks`` of at most ``TOGETHER_BYTES`` (a larger channel alone)."""
-    blocks: list[list[ChannelTask]] = []
-    held = TOGETHER_BYTES
-    for task in tasks:
-        if held + task.size > TOGETHER_BYTES:
-            blocks.append([])
-            held = 0
-        blocks[-1].append(task)
-        held += task.size
-    return blocks
+    return [tasks[start:stop] for start, stop in _row_blocks([task.size for task in tasks], 0)]
 
 
 def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
@@ -172,7 +165,8 @@ def _all_local(table: ChannelTable) -> bool:
 
 
 def _row_blocks(sizes: list[int], start: int) -> list[tuple[int, int]]:
-    """``_blocks`` of rows ``start``.. of these sizes, as (start, stop) rows."""
+    """Runs of consecutive rows (from ``start``, of these sizes) of at most ``TOGETHER_BYTES`` (a
+    larger row alone), as (start, stop)."""
     blocks: list[tuple[int, int]] = []
     held, first = TOGETHER_BYTES, start
     for row, size in enumerate(sizes, start):
@@ -231,7 +225,7 @@ def read_rows(
     ordered = source_file[order]
     groups = np.flatnonzero(np.diff(ordered, prepend=-1)).tolist() + [len(order)]
     sizes = np.zeros(last - first, dtype=np.int64)
-    blobs = []
+    blobs: list[tuple[np.ndarray, bytes]] = []
     for a, b in zip(groups[:-1], groups[1:]):
         members = order[a:b]
         location, _, segment, beneath = table.files[int(ordered[a])]
@@ -239,16 +233,8 @@ def read_rows(
         source = BufferSource(location, None, segment, offsets.tolist(), beneath)
         blob, found, _ = reader.grouped_payloads(source, counts[members], lengths=False)
         sizes[members] = found
-        blobs.append(blob)
-    if len(blobs) == 1 and (order == np.arange(len(order))).all():
-        data = blobs[0]
-    else:  # back into table order
-        joined = b"".join(blobs)
-        in_joined = np.zeros(len(order), dtype=np.int64)
-        ordered_sizes = sizes[order]
-        ends = np.cumsum(ordered_sizes)
-        in_joined[order] = ends - ordered_sizes
-        data = _framing.gather(joined, in_joined, in_joined + sizes)
+        blobs.append((members, blob))
+    data = in_order(blobs, sizes)  # back into table order
     source_bounds = np.zeros(last - first + 1, dtype=np.int64)
     np.cumsum(sizes, out=source_bounds[1:])
     rows = stop - start

@@ -124,16 +124,7 @@ class ChannelStateReader:
                 raise CheckpointFormatError(f"{first.where}: {exc}") from None
             sizes[members] = np.frombuffer(found, dtype=np.int64)
             blobs.append((members, blob))
-        if len(blobs) == 1 and blobs[0][0] == list(range(len(sources))):
-            return blobs[0][1], sizes
-        joined = b"".join(blob for _, blob in blobs)
-        starts = np.zeros(len(sources), dtype=np.int64)
-        position = 0
-        for members, blob in blobs:
-            group_sizes = sizes[members]
-            starts[members] = position + np.cumsum(group_sizes) - group_sizes
-            position += len(blob)
-        return _framing.gather(joined, starts, starts + sizes), sizes
+        return in_order(blobs, sizes), sizes
 
     def grouped_payloads(
         self, source: BufferSource, counts: np.ndarray, lengths: bool = True
@@ -251,6 +242,22 @@ class ChannelStateReader:
             raise CheckpointFormatError(f"{source.where}: negative buffer length at offset {last}")
         span = io.read_range(location, first, last + 4 + last_length - first)
         return HEADER + span, [o - first + len(HEADER) for o in source.offsets]
+
+
+def in_order(blobs: list[tuple[Any, bytes]], sizes: np.ndarray) -> bytes:
+    """Payloads read file by file back in the order of their sources: ``blobs`` holds, per file,
+    the indexes of its sources (in order) and their payloads one after another; source i has
+    ``sizes[i]`` bytes."""
+    if len(blobs) == 1 and np.array_equal(blobs[0][0], np.arange(len(sizes))):
+        return blobs[0][1]
+    joined = b"".join(blob for _, blob in blobs)
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    position = 0
+    for members, blob in blobs:
+        group_sizes = sizes[members]
+        starts[members] = position + np.cumsum(group_sizes) - group_sizes
+        position += len(blob)
+    return _framing.gather(joined, starts, starts + sizes)
 
 
 def _lengths_at(data, at: np.ndarray) -> np.ndarray:
