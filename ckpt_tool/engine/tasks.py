@@ -128,7 +128,10 @@ def scan_channel(
 # processor's caches and its buffers in reused memory (one pass over 64 MiB of large channels was
 # 1.5 to 3 times slower than channel by channel).
 TOGETHER_BYTES = 1 << 20
-COLLECT_BYTES = 16 << 20  # a route task of at most this many bytes is routed first, then written (``small_channels_file``)
+# A route task of at most this many bytes is routed first, then written at once where each of its new
+# channels fits in a buffer (``small_channels_file``): the many small tasks of a job at high parallelism
+# (a few KiB to a few hundred). Larger ones stream their file as they route.
+COLLECT_BYTES = 1 << 20
 SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads an engine task's channels at once
 
 
