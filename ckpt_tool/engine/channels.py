@@ -25,11 +25,9 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
-    ByteStreamHandle,
     ChannelStateHandle,
     MergedChannelStateHandle,
     OperatorState,
-    SegmentFileHandle,
     uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
@@ -226,10 +224,8 @@ class _Sources:
         known = self._file_index.get(id(delegate))
         if known is not None and known[0] is delegate:
             return known[1]
-        inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
-        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
-        location = self.checkpoint.location(delegate)
-        self.files.append((location, inline, segment, self.checkpoint.beneath(location)))
+        where = BufferSource.in_delegate(self.checkpoint, delegate, ())
+        self.files.append((where.location, where.inline, where.segment, where.beneath))
         self._file_index[id(delegate)] = (delegate, len(self.files) - 1)
         return len(self.files) - 1
 

@@ -62,11 +62,15 @@ class BufferSource:
     def of(checkpoint: Checkpoint, handle: ChannelStateHandle) -> BufferSource:
         """Where ``handle``'s buffers are (a checkpoint may hold millions: what its file says is
         worked out once per file, by the checkpoint)."""
-        delegate = handle.delegate
+        return BufferSource.in_delegate(checkpoint, handle.delegate, handle.offsets)
+
+    @staticmethod
+    def in_delegate(checkpoint: Checkpoint, delegate, offsets: Sequence[int]) -> BufferSource:
+        """Buffers at ``offsets`` of a channel handle's delegate (a file, a segment of one, or inline data)."""
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
         location = checkpoint.location(delegate)
-        return BufferSource(location, inline, segment, handle.offsets, checkpoint.beneath(location))
+        return BufferSource(location, inline, segment, offsets, checkpoint.beneath(location))
 
     @property
     def where(self) -> str:

@@ -914,20 +914,10 @@ class _MetadataWriter:
             w.buffer += b"".join(pieces)
 
     def channel_handle(self, h) -> None:
+        """One channel handle, field by field (``channel_handles`` packs the common ones at once)."""
         w = self.w
         merged = isinstance(h, MergedChannelStateHandle)
-        tagged = self.version >= 6
-        if not merged and len(h.offsets) <= 8:  # the common case, packed at once (p² of them at parallelism p)
-            offsets, delegate = h.offsets, h.delegate
-            known = self._files.get(id(delegate))
-            if known is not None and known[0] is delegate:
-                head = (CHANNEL_TAGS[(h.direction, False)],) if tagged else ()
-                w.buffer += _PLAIN_CHANNEL[(tagged, len(offsets))].pack(
-                    *head, h.subtask_index, h.info[0], h.info[1], len(offsets), *offsets, h.state_size
-                )
-                w.buffer += known[1]
-                return
-        if tagged:
+        if self.version >= 6:
             w.u8(CHANNEL_TAGS[(h.direction, merged)])
         elif merged:
             raise CheckpointFormatError(f"metadata version {self.version} cannot hold merged channel state handles")

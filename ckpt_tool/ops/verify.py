@@ -30,7 +30,6 @@ from ckpt_tool.flink.model import (
     OUTPUT,
     ByteStreamHandle,
     MergedChannelStateHandle,
-    SegmentFileHandle,
     uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
@@ -188,13 +187,7 @@ def _merged_digests(cp: Checkpoint, reader: ChannelStateReader, subtask, directi
         return None
     found: list[bytes] = []
     for members in by_file.values():
-        delegate = members[0][0].delegate
-        location = cp.location(delegate)
-        if location is None:
-            return None
-        segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
-        offsets = np.concatenate([o for _, o in members]).tolist()
-        source = BufferSource(location, None, segment, offsets, cp.beneath(location))
+        source = BufferSource.in_delegate(cp, members[0][0].delegate, np.concatenate([o for _, o in members]).tolist())
         together = reader.buffer_digests_together([source], REPLICA_MIN_BUFFER_BYTES)
         if together is None:
             return None
