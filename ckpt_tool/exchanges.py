@@ -135,13 +135,14 @@ class ExchangeScan:
 def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):
     """Channel figures and, per exchange and upstream subtask, the records held by several
     downstream subtasks."""
-    # channels of one downstream subtask together (its input state is one file), in byte-sized
-    # batches, each scanned in one pass (scan_batch) and returned as columns
-    tasks = tasks.take(np.lexsort((tasks.upstream, tasks.downstream, tasks.exchange_index)))
+    # channels of one downstream subtask together (``tasks`` by downstream: its input state is one
+    # file), in byte-sized batches, each scanned in one pass (scan_batch) and returned as columns
     scans = ScanColumns.concatenate(
-        engine.map_batches(lambda batch: scan_batch(batch, exchanges), tasks, progress, tasks.size.tolist())
+        engine.map_batches(lambda batch: scan_batch(batch, exchanges).figures_only(), tasks, progress, tasks.size)
     )
-    suspects = suspects_of_holdings(scans.holdings)
+    named = (tasks.exchange_index, tasks.upstream, tasks.downstream)  # the rows are the tasks' rows, in order
+    scans.columns = dict(zip(FIGURES[:3], named)) | {name: scans.columns[name] for name in FIGURES[3:]}
+    suspects = suspects_of_holdings(scans)
     wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number
     wanted = np.array([e * wide + u for e, u in suspects if u < wide], dtype=np.int64)
     again = tasks.take(np.isin(tasks.exchange_index.astype(np.int64) * wide + tasks.upstream, wanted))
@@ -149,7 +150,7 @@ def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exch
     for s in engine.map(
         lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
         again,
-        sizes=again.size.tolist(),
+        sizes=again.size,
     ):
         for digest in s.digests:
             holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)
@@ -160,14 +161,14 @@ def scan_exchanges(
     checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, progress: Progress = None
 ) -> list[ExchangeScan]:
     """Records per channel, key-group histograms, misplaced and duplicate records per exchange."""
-    scans, holders = _scan_with_digests(engine, channel_tasks(checkpoint, exchanges), exchanges, progress)
+    scans, holders = _scan_with_digests(engine, channel_tasks(checkpoint, exchanges, by_downstream=True), exchanges, progress)
     duplicates: Counter = Counter()
     for (exchange_index, _, _), subtasks in holders.items():
         duplicates[exchange_index] += len(subtasks) - 1
     columns = scans.columns
     order = np.lexsort((columns["downstream_subtask"], columns["upstream_subtask"], columns["exchange_index"]))
-    for name in list(columns):  # in (exchange, upstream, downstream) order, a column at a time (p² rows)
-        columns[name] = columns[name][order]
+    for name, column in columns.items():  # in (exchange, upstream, downstream) order, a column at a time (p² rows)
+        columns[name] = column[order] if column.strides[0] else column  # a broadcast zero stays one
     bounds = np.searchsorted(columns["exchange_index"], np.arange(len(exchanges) + 1))
     return [
         ExchangeScan(

@@ -51,6 +51,25 @@ def test_batches_are_sized_by_bytes_not_by_items():
     assert plan_batches([5, 5, 5, 0, 0, 5], 10) == [range(0, 2), range(2, 6)]  # empty items cost nothing
     assert plan_batches([30, 1, 1], 10) == [range(0, 1), range(1, 3)]  # a large item is a batch of its own
     assert plan_batches([], 10) == []
+    # as packing item by item does, from arrays too (a job at parallelism p has up to p² channels)
+    import random
+
+    import numpy as np
+
+    def greedy(sizes, budget):
+        batches, start, held = [], 0, 0
+        for index, size in enumerate(sizes):
+            if index > start and held + size > budget:
+                batches.append(range(start, index))
+                start, held = index, 0
+            held += size
+        return batches + ([range(start, len(sizes))] if start < len(sizes) else [])
+
+    rng = random.Random(7)
+    for _ in range(300):
+        sizes = [rng.choice((0, 0, 1, 3, 9, 10, 11, 40)) for _ in range(rng.randrange(0, 40))]
+        budget = rng.choice((1, 10, 25))
+        assert plan_batches(sizes, budget) == plan_batches(np.array(sizes, dtype=np.int32), budget) == greedy(sizes, budget)
     assert batch_budget(10, 2) == BATCH_MIN_BYTES and batch_budget(100 * BATCH_MAX_BYTES, 2) == BATCH_MAX_BYTES
     assert batch_budget(64 * BATCH_MIN_BYTES, 2) == 8 * BATCH_MIN_BYTES  # at least 4 batches per slot
 

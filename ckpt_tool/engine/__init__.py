@@ -21,7 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+import numpy as np
+
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
+from ckpt_tool.memory import release_memory
 from ckpt_tool.storage import STORAGE_ENVIRONMENT
 
 Progress = Optional[Callable[[int, int], None]]
@@ -136,31 +139,40 @@ def batch_budget(total_bytes: int, slots: int) -> int:
     return max(BATCH_MIN_BYTES, min(BATCH_MAX_BYTES, spread))
 
 
-def plan_batches(sizes: Sequence[int], budget: int) -> list[range]:
+def plan_batches(sizes: Sequence[int] | np.ndarray, budget: int) -> list[range]:
     """Consecutive items (by index) packed into batches of at most ``budget`` bytes each; an item
     of more than ``budget`` bytes is a batch of its own. Items of no bytes cost nothing."""
+    return _packed(_prefix_sums(sizes), budget)
+
+
+def _prefix_sums(sizes: Sequence[int] | np.ndarray) -> np.ndarray:
+    ends = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=ends[1:])
+    return ends
+
+
+def _packed(ends: np.ndarray, budget: int) -> list[range]:
+    """``plan_batches`` from the prefix sums of the sizes: a search per batch, not a step per item
+    (a job at parallelism p has up to p² channels)."""
     batches: list[range] = []
-    start, held = 0, 0
-    for index, size in enumerate(sizes):
-        if index > start and held + size > budget:
-            batches.append(range(start, index))
-            start, held = index, 0
-        held += size
-    if start < len(sizes):
-        batches.append(range(start, len(sizes)))
+    start, count = 0, len(ends) - 1
+    while start < count:
+        stop = max(start + 1, int(np.searchsorted(ends, ends[start] + budget, side="right")) - 1)
+        batches.append(range(start, stop))
+        start = stop
     return batches
 
 
-def _planned(count: int, sizes: Optional[Sequence[int]], slots: int, progress: Progress):
+def _planned(count: int, sizes: Optional[Sequence[int] | np.ndarray], slots: int, progress: Progress):
     """The batches of ``count`` items (one item each without ``sizes``, else of a bounded byte
     budget) and the report of a finished batch to ``progress``, in bytes (or items)."""
     if sizes is None:
         weights = [1] * count
         batches = [range(i, i + 1) for i in range(count)]
     else:
-        sizes = list(sizes)
-        batches = plan_batches(sizes, batch_budget(sum(sizes), slots))
-        weights = [sum(sizes[i] for i in b) for b in batches]
+        ends = _prefix_sums(sizes)
+        batches = _packed(ends, batch_budget(int(ends[-1]), slots))
+        weights = [int(ends[b.stop] - ends[b.start]) for b in batches]
     if not progress:
         return batches, None
     total, done = sum(weights), [0]
@@ -190,7 +202,9 @@ class Engine:
     name = "engine"
     warnings: Sequence[str] = ()
 
-    def map(self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+    def map(
+        self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int] | np.ndarray] = None
+    ) -> list:
         """``function`` of every item, in order. With ``sizes`` (bytes of each item), items are
         run in batches of a bounded byte budget (``plan_batches``), one engine task per batch,
         and ``progress`` counts bytes; without, every item is a task of its own."""
@@ -201,14 +215,17 @@ class Engine:
         results = self._map(_Batch(_Guarded(function)), _batched(items, batches), report)
         return _raise_task_errors([result for batch in results for result in batch])
 
-    def map_batches(self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int]] = None) -> list:
+    def map_batches(
+        self, function, items: list | Lazy, progress: Progress = None, sizes: Optional[Sequence[int] | np.ndarray] = None
+    ) -> list:
         """``function`` of every batch of items (a list of consecutive items, planned as ``map``
         plans them from ``sizes``): one result per batch, in order. For work done over a whole
         batch at once (one pass over many channels), where ``map`` would cost a call per item."""
         items = _items(items)
         if not len(items):
             return []
-        batches, report = _planned(len(items), [1] * len(items) if sizes is None else sizes, self.slots(), progress)
+        ones = np.ones(len(items), dtype=np.int64)
+        batches, report = _planned(len(items), ones if sizes is None else sizes, self.slots(), progress)
         return _raise_task_errors(self._map(_Guarded(_Whole(function)), _batched(items, batches), report))
 
     def slots(self) -> int:
@@ -252,6 +269,7 @@ class LocalEngine(Engine):
         # (pickling every channel's task would cost more than scanning it), and results come back.
         global _FORKED
         _FORKED = (function, batches)
+        release_memory()  # not inherited by every worker
         try:
             with multiprocessing.get_context("fork").Pool(min(self.workers, len(batches))) as pool:
                 results = []

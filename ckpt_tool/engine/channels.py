@@ -1,7 +1,7 @@
 """The logical channels of exchanges as columns: ``ChannelTable``.
 
 An all-to-all exchange at parallelism p has p² logical channels u -> d. The driver keeps them as
-NumPy columns (about 60 bytes a channel with one buffer source, no Python object per channel):
+NumPy columns (about 44 bytes a channel with one buffer source, no Python object per channel):
 per channel its exchange, u, d, state size and sources; per source (a channel handle: input side
 first, then output side) its file, and where its buffer offsets lie in one flat array. A
 ``ChannelTask`` (plain data, what the task functions take) is made from a row only where it is
@@ -31,6 +31,7 @@ from ckpt_tool.flink.model import (
     uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
+from ckpt_tool.memory import release_memory
 from ckpt_tool.records.schema import Exchange
 
 
@@ -184,17 +185,25 @@ class ChannelTable:
             self.upstream[rows],
             self.downstream[rows],
             self.size[rows],
-            source_starts,
+            _narrow(source_starts),
             self.inputs[rows],
             self.outputs[rows],
-            source_file.reshape(-1),
-            offset_starts,
-            offset_counts,
+            source_file.reshape(-1).astype(np.int32),
+            _narrow(offset_starts),
+            offset_counts.astype(np.int32),
             self.offsets[_ranges(self.offset_start[sources].astype(np.int64), offset_counts)],
             [self.files[i] for i in used.tolist()],
             self.max_parallelism,
             self.parallelism,
         )
+
+
+def _narrow(column: np.ndarray) -> np.ndarray:
+    """``column`` as int32 where its values fit with room to spare (positions and sizes: a table
+    of p² channels keeps them at half the bytes); else as it is."""
+    if len(column) and (int(column.max()) >= 1 << 30 or int(column.min()) < 0):
+        return column
+    return column.astype(np.int32)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -208,17 +217,21 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 class _Sources:
-    """Source rows of the channels being built, gathered as arrays (one piece per handle, or per
-    merged handle read with NumPy), joined once at the end."""
+    """Source rows of the channels being built, gathered as pieces of arrays (one piece per merged
+    handle read with NumPy, one per run of handles read one by one), joined once at the end. A row
+    is kept as one sortable number (``key``: its exchange, subtasks and side), its size, file and
+    buffer offsets."""
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, by_downstream: bool) -> None:
         self.checkpoint = checkpoint
+        self.by_downstream = by_downstream
         self.files: list[FileOf] = []
         self._file_index: dict[int, tuple[object, int]] = {}  # by delegate object
-        self.columns: dict[str, list[np.ndarray]] = {k: [] for k in ("u", "d", "side", "file", "size", "count")}
-        self.offsets: list[np.ndarray] = []
-        self._scalars: dict[str, list[int]] = {k: [] for k in self.columns}
+        self.exchange = 0  # of the rows being added
+        self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray | int, np.ndarray | int, np.ndarray]] = []
+        self._scalars: dict[str, list[int]] = {k: [] for k in ("u", "d", "side", "file", "size", "count")}
         self._scalar_offsets: list[int] = []
+        self.rows = 0
 
     def file(self, delegate) -> int:
         known = self._file_index.get(id(delegate))
@@ -233,83 +246,140 @@ class _Sources:
         for key, value in zip(self._scalars, (u, d, side, self.file(handle.delegate), handle.state_size, len(handle.offsets))):
             self._scalars[key].append(value)
         self._scalar_offsets.extend(handle.offsets)
+        self.rows += 1
 
     def many(self, u: np.ndarray, d: np.ndarray, side: int, file: int, size: np.ndarray, offsets: np.ndarray) -> None:
         """Channels of one merged handle: ``offsets`` is channels × buffers."""
-        self._flush()
-        n = len(u)
-        for key, value in (("u", u), ("d", d), ("side", np.full(n, side)), ("file", np.full(n, file)), ("size", size)):
-            self.columns[key].append(np.asarray(value, dtype=np.int64))
-        self.columns["count"].append(np.full(n, offsets.shape[1], dtype=np.int64))
-        self.offsets.append(offsets.astype(np.int64).ravel())
+        self.flush()
+        key = self._key(u, d, side)
+        self.pieces.append((key, np.asarray(size, dtype=np.int64), file, offsets.shape[1], offsets.astype(np.int64).ravel()))
+        self.rows += len(key)
 
-    def _flush(self) -> None:
-        if self._scalars["u"]:
-            for key, values in self._scalars.items():
-                self.columns[key].append(np.array(values, dtype=np.int64))
+    def _key(self, u, d, side) -> np.ndarray:
+        """Exchange, the two subtasks (each below Flink's highest max parallelism, 2**15: u then d,
+        or d then u ``by_downstream``), and the side (input 0, output 1), as one int64 in that order."""
+        first, second = np.asarray(d if self.by_downstream else u), np.asarray(u if self.by_downstream else d)
+        if len(first) and not (min(first.min(), second.min()) >= 0 and max(first.max(), second.max()) < 1 << 15):
+            raise CheckpointFormatError(f"a channel-state handle of exchange {self.exchange} names a subtask beyond 32767")
+        key = first.astype(np.int64) << 17
+        key |= second.astype(np.int64) << 1
+        key |= side
+        key |= self.exchange << 33
+        return key
+
+    def flush(self) -> None:
+        """Close the rows added one by one (before the exchange changes)."""
+        scalars = self._scalars
+        if scalars["u"]:
+            key = self._key(np.array(scalars["u"]), np.array(scalars["d"]), np.array(scalars["side"], dtype=np.int64))
+            self.pieces.append(
+                (
+                    key,
+                    np.array(scalars["size"], dtype=np.int64),
+                    np.array(scalars["file"], dtype=np.int32),
+                    np.array(scalars["count"], dtype=np.int32),
+                    np.array(self._scalar_offsets, dtype=np.int64),
+                )
+            )
+            for values in scalars.values():
                 values.clear()
-            self.offsets.append(np.array(self._scalar_offsets, dtype=np.int64))
             self._scalar_offsets.clear()
 
     def __len__(self) -> int:
         """Source rows gathered so far."""
-        return sum(len(column) for column in self.columns["u"]) + len(self._scalars["u"])
+        return self.rows
 
-    def joined(self) -> dict[str, np.ndarray]:
-        self._flush()
-        result = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in self.columns.items()}
-        result["offsets"] = np.concatenate(self.offsets) if self.offsets else np.zeros(0, dtype=np.int64)
-        return result
+    def joined(self) -> tuple[np.ndarray, dict[str, np.ndarray], Optional[np.ndarray]]:
+        """The rows' keys, their other columns (size, file, count, offsets), and the order in which
+        a table keeps them: by key, then as gathered (None where they were gathered so). Each piece
+        is dropped once joined."""
+        self.flush()
+        pieces, self.pieces = self.pieces, []
+        n = self.rows
+        key = np.empty(n, dtype=np.int64)
+        columns: dict[str, np.ndarray] = {
+            "size": np.empty(n, dtype=np.int64),
+            "file": np.empty(n, dtype=np.int32),
+            "count": np.empty(n, dtype=np.int32),
+        }
+        offsets = np.empty(sum(len(piece[-1]) for piece in pieces), dtype=np.int64)
+        row = at = 0
+        pieces.reverse()
+        while pieces:
+            keys, size, file, count, flat = pieces.pop()
+            stop = row + len(keys)
+            key[row:stop], columns["size"][row:stop] = keys, size
+            columns["file"][row:stop], columns["count"][row:stop] = file, count
+            offsets[at : at + len(flat)] = flat
+            row, at = stop, at + len(flat)
+        columns["offsets"] = offsets
+        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+            return key, columns, None
+        order = np.argsort(key, kind="stable")
+        return key[order], columns, order
 
 
-def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange]) -> ChannelTable:
+def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstream: bool = False) -> ChannelTable:
     """The logical channels of ``exchanges`` that hold data, exchange by exchange, each exchange's
-    by (u, d): the input state of d on the exchange's gate, then the output state of u on its
-    partition, each side's handles in the order the metadata lists them. On an all-to-all edge
-    the input channel index is u and the subpartition index d; on a pointwise edge (forward,
-    rescale) ``pointwise_channels`` says which is which."""
+    by (u, d) (by (d, u) ``by_downstream``, as a scan reads them: a downstream subtask's input
+    state is one file): the input state of d on the exchange's gate, then the output state of u
+    on its partition, each side's handles in the order the metadata lists them. On an all-to-all
+    edge the input channel index is u and the subpartition index d; on a pointwise edge
+    (forward, rescale) ``pointwise_channels`` says which is which."""
     metadata = checkpoint.metadata
-    sources = _Sources(checkpoint)
-    exchange_of: list[np.ndarray] = []
+    sources = _Sources(checkpoint, by_downstream)
     for index, exchange in enumerate(exchanges):
         downstream = metadata.operator(exchange.downstream_id)
         upstream = metadata.operator(exchange.upstream_id) if exchange.upstream_id else None
         pointwise = exchange.partitioner in POINTWISE_PARTITIONERS and upstream is not None and downstream is not None
-        before = len(sources)
+        sources.flush()
+        sources.exchange = index
         _add_side(sources, downstream, INPUT, exchange.gate, pointwise, upstream)
         _add_side(sources, upstream, OUTPUT, exchange.partition, pointwise, downstream)
-        exchange_of.append(np.full(len(sources) - before, index, dtype=np.int64))
-    rows = sources.joined()
-    exchange_rows = np.concatenate(exchange_of) if exchange_of else np.zeros(0, dtype=np.int64)
-    source_order = np.lexsort((np.arange(len(exchange_rows)), rows["side"], rows["d"], rows["u"], exchange_rows))
-    ex, u, d = exchange_rows[source_order], rows["u"][source_order], rows["d"][source_order]
-    side, count = rows["side"][source_order], rows["count"][source_order]
-    new_channel = np.ones(len(ex), dtype=bool)
-    new_channel[1:] = (ex[1:] != ex[:-1]) | (u[1:] != u[:-1]) | (d[1:] != d[:-1])
-    starts = np.flatnonzero(new_channel)
-    per_channel = np.diff(np.append(starts, len(ex)))
-    outputs = np.add.reduceat(side, starts) if len(starts) else np.zeros(0, dtype=np.int64)
-    gathered_start = np.zeros(len(rows["count"]), dtype=np.int64)  # each source's offsets, as gathered
-    np.cumsum(rows["count"][:-1], out=gathered_start[1:])
-    offset_start = np.zeros(len(count), dtype=np.int64)  # and as the table keeps them: in its sources' order
+    key, rows, order = sources.joined()
+    count = rows["count"] if order is None else rows["count"][order]
+    offset_start = np.zeros(len(count), dtype=np.int64)  # each source's offsets as the table keeps them
     np.cumsum(count[:-1], out=offset_start[1:])
-    small = np.int32  # indexes, counts and subtasks (below 2**31); sizes and positions stay int64
-    return ChannelTable(
-        ex[starts].astype(small),
-        u[starts].astype(small),
-        d[starts].astype(small),
-        np.add.reduceat(rows["size"][source_order], starts) if len(starts) else np.zeros(0, dtype=np.int64),
-        starts,
-        (per_channel - outputs).astype(small),
-        outputs.astype(small),
-        rows["file"][source_order].astype(small),
-        offset_start,
-        count.astype(small),
-        rows["offsets"][_ranges(gathered_start[source_order], count)],
+    offsets = rows.pop("offsets")
+    if order is not None:  # in the sources' order
+        gathered_start = np.zeros(len(order), dtype=np.int64)
+        np.cumsum(rows["count"][:-1], out=gathered_start[1:])
+        offsets = offsets[_ranges(gathered_start[order], count)]
+        del gathered_start
+    side = (key & 1).astype(np.int32)
+    key >>= 1  # the channel
+    new_channel = np.ones(len(key), dtype=bool)
+    np.not_equal(key[1:], key[:-1], out=new_channel[1:])
+    starts = np.flatnonzero(new_channel)
+    del new_channel
+    channel = key[starts]
+    del key
+    per_channel = np.diff(np.append(starts, len(side))).astype(np.int32)
+    outputs = np.add.reduceat(side, starts).astype(np.int32) if len(starts) else np.zeros(0, dtype=np.int32)
+    del side
+    size = rows["size"] if order is None else rows["size"][order]
+    file = rows["file"] if order is None else rows["file"][order]
+    first, second = ((channel >> 16) & 0xFFFF).astype(np.int32), (channel & 0xFFFF).astype(np.int32)
+    ups, downs = (second, first) if by_downstream else (first, second)
+    table = ChannelTable(
+        (channel >> 32).astype(np.int32),
+        ups,
+        downs,
+        _narrow(np.add.reduceat(size, starts) if len(starts) else np.zeros(0, dtype=np.int64)),
+        _narrow(starts),
+        per_channel - outputs,
+        outputs,
+        file,
+        _narrow(offset_start),
+        count,
+        offsets,
         sources.files,
         [metadata.operator(e.downstream_id).max_parallelism for e in exchanges],
         [metadata.operator(e.downstream_id).parallelism for e in exchanges],
     )
+    del rows, size, file, channel, count, offsets, offset_start, starts
+    release_memory()  # what building it from many pieces left on the heap
+    return table
 
 
 def _add_side(

@@ -50,7 +50,7 @@ from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
-from ckpt_tool.records.scan import ChannelScan, ScanColumns, scan_records
+from ckpt_tool.records.scan import ChannelScan, ScanColumns, holding_keys, scan_records
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, is_local, join
 
@@ -305,10 +305,11 @@ def _scan_framed(
         held_by = downstream[record_channel]
         start = (held_by * max_parallelism + parallelism - 1) // parallelism  # key_group_range, vectorised
         stop = ((held_by + 1) * max_parallelism - 1) // parallelism + 1
-        misplaced = np.bincount(record_channel[(groups < start) | (groups >= stop)], minlength=count)
+        astray = (groups < start) | (groups >= stop)
+        misplaced = np.bincount(record_channel[astray], minlength=count)
         result.histograms[exchange_index] = np.bincount(groups, minlength=max_parallelism).astype(np.int64)
-        held, group = np.divmod(np.unique(record_channel * max_parallelism + groups), max_parallelism)
-        result.holdings = np.stack([np.full(len(held), exchange_index), upstream[held], downstream[held], group], axis=1)
+        if astray.any():  # where the key groups that may be held twice are (``suspects_of_holdings``)
+            result.holdings = np.unique(holding_keys(exchange_index, upstream[record_channel[astray]], groups[astray]))
     result.columns = {
         "exchange_index": np.full(count, exchange_index, dtype=np.int64),
         "upstream_subtask": upstream,

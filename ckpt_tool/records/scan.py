@@ -37,6 +37,7 @@ class ChannelScan:
     misplaced_records: int = 0
     key_groups: Counter = field(default_factory=Counter)
     digests: list[builtins.bytes] = field(default_factory=list)  # of the records in suspect key groups
+    misplaced_key_groups: frozenset = frozenset()  # key groups of its records that its subtask does not own
 
 
 def suspect_digests(records: ChannelRecords, key_groups: np.ndarray, suspects: frozenset) -> list[tuple[int, bytes]]:
@@ -60,7 +61,9 @@ def scan_records(
     scan.trailing_bytes = records.trailing
     if keys is not None and scan.records:
         groups = keys.of(records, is_record)
-        scan.misplaced_records = int(((groups < owned.start) | (groups >= owned.stop)).sum())
+        misplaced = (groups < owned.start) | (groups >= owned.stop)
+        scan.misplaced_records = int(misplaced.sum())
+        scan.misplaced_key_groups = frozenset(np.unique(groups[misplaced]).tolist())
         counts = np.bincount(groups)
         found = np.flatnonzero(counts)
         scan.key_groups = Counter(dict(zip(found.tolist(), counts[found].tolist())))
@@ -98,21 +101,39 @@ FIGURES = (
     "trailing_bytes",
     "misplaced_records",
 )
+_NARROW = np.iinfo(np.int32)
+
+
+def holding_keys(exchange: np.ndarray | int, upstream: np.ndarray | int, group: np.ndarray | int) -> np.ndarray:
+    """(exchange index, upstream subtask, key group) as one int64: subtasks and key groups are
+    below Flink's highest max parallelism, 2^15."""
+    return (np.asarray(exchange, dtype=np.int64) << 32) | (np.asarray(upstream, dtype=np.int64) << 16) | group
 
 
 @dataclass
 class ScanColumns:
-    """The figures of many channels as columns (an int64 array per figure of ``ChannelScan``, one
-    row per channel), records per key group of each keyed exchange, and ``holdings``: the distinct
-    (exchange index, upstream subtask, downstream subtask, key group) of the records. What a scan
-    task returns for all its channels at once: a few arrays, not an object per channel."""
+    """The figures of many channels as columns (an integer array per figure of ``ChannelScan``,
+    one row per channel), records per key group of each keyed exchange, and ``holdings``: the
+    ``holding_keys`` of the (exchange, upstream subtask, key group) of the records held where
+    their key group does not belong (misplaced). What a scan task returns for all its channels
+    at once: a few arrays, not an object per channel.
+
+    Joined (``concatenate``), a figure is int32 where its values fit, and a figure that is zero
+    in every channel (most are: watermarks, partial bytes, ...) a read-only broadcast zero that
+    takes no memory: a job at parallelism p has up to p² channels."""
 
     columns: dict[str, np.ndarray]
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
-    holdings: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
+    holdings: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
-        return len(self.columns["exchange_index"])
+        return len(self.columns["bytes"])
+
+    def figures_only(self) -> ScanColumns:
+        """Without the columns that name the channels (exchange, upstream and downstream subtask):
+        what a scan task sends back where the caller has them (the channels it handed out)."""
+        columns = {name: column for name, column in self.columns.items() if name not in FIGURES[:3]}
+        return ScanColumns(columns, self.histograms, self.holdings)
 
     @staticmethod
     def empty() -> ScanColumns:
@@ -122,25 +143,47 @@ class ScanColumns:
     def of_scans(scans: list[ChannelScan]) -> ScanColumns:
         columns = {name: np.array([getattr(s, name) for s in scans], dtype=np.int64).reshape(-1) for name in FIGURES}
         histograms: dict[int, Counter] = {}
-        rows = []
+        misplaced: set[tuple[int, int, int]] = set()
         for s in scans:
             if s.key_groups:
                 histograms.setdefault(s.exchange_index, Counter()).update(s.key_groups)
-                rows += [(s.exchange_index, s.upstream_subtask, s.downstream_subtask, g) for g in s.key_groups]
+                misplaced.update((s.exchange_index, s.upstream_subtask, g) for g in s.misplaced_key_groups)
         arrays = {}
         for index, counts in histograms.items():
             array = np.zeros(max(counts) + 1, dtype=np.int64)
             array[list(counts)] = list(counts.values())
             arrays[index] = array
-        return ScanColumns(columns, arrays, np.array(rows, dtype=np.int64).reshape(-1, 4))
+        rows = np.array(sorted(misplaced), dtype=np.int64).reshape(-1, 3)
+        return ScanColumns(columns, arrays, holding_keys(rows[:, 0], rows[:, 1], rows[:, 2]))
 
     @staticmethod
     def concatenate(parts: list[ScanColumns]) -> ScanColumns:
+        """The parts' rows one after another. Consumes ``parts`` (the list is emptied, each part
+        dropped once copied), so that the parts and the whole are not held at once."""
         if not parts:
             return ScanColumns.empty()
-        columns = {name: np.concatenate([p.columns[name] for p in parts]) for name in FIGURES}
+        rows = sum(len(p) for p in parts)
+        held = sum(len(p.holdings) for p in parts)
+        columns: dict[str, np.ndarray] = {}
+        for name in parts[0].columns:
+            low = min((int(p.columns[name].min()) for p in parts if len(p)), default=0)
+            high = max((int(p.columns[name].max()) for p in parts if len(p)), default=0)
+            if low == high == 0:
+                columns[name] = np.broadcast_to(np.zeros(1, dtype=np.int32), (rows,))
+            else:
+                narrow = _NARROW.min <= low and high <= _NARROW.max
+                columns[name] = np.empty(rows, dtype=np.int32 if narrow else np.int64)
+        holdings = np.empty(held, dtype=np.int64)
         histograms: dict[int, np.ndarray] = {}
-        for part in parts:
+        parts.reverse()
+        row = at = 0
+        while parts:
+            part = parts.pop()
+            for name, column in columns.items():
+                if column.strides[0]:
+                    column[row : row + len(part)] = part.columns[name]
+            holdings[at : at + len(part.holdings)] = part.holdings
+            row, at = row + len(part), at + len(part.holdings)
             for index, counts in part.histograms.items():
                 known = histograms.get(index)
                 if known is None:
@@ -151,12 +194,34 @@ class ScanColumns:
                     merged[: len(known)] += known
                     merged[: len(counts)] += counts
                     histograms[index] = merged
-        return ScanColumns(columns, histograms, np.concatenate([p.holdings for p in parts]))
+        return ScanColumns(columns, histograms, holdings)
+
+    def __getstate__(self) -> dict:
+        """Pickled (a forked worker's result) with each broadcast zero as its length only."""
+        state = dict(self.__dict__)
+        state["columns"] = {
+            name: ("zero", len(column)) if not column.strides[0] and len(column) > 1 else column
+            for name, column in self.columns.items()
+        }
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        columns = state["columns"]
+        for name, column in columns.items():
+            if isinstance(column, tuple):
+                columns[name] = np.broadcast_to(np.zeros(1, dtype=np.int32), (column[1],))
+        self.__dict__.update(state)
+
+    def misplaced(self) -> set[tuple[int, int, int]]:
+        """The (exchange, upstream subtask, key group) of ``holdings``."""
+        keys = self.holdings.tolist()
+        return {(key >> 32, (key >> 16) & 0xFFFF, key & 0xFFFF) for key in keys}
 
     def select(self, rows: np.ndarray | slice) -> ScanColumns:
         """The channels at ``rows`` (indexes, a mask, or a slice: then views of the columns);
         histograms and holdings stay whole."""
-        return ScanColumns({name: column[rows] for name, column in self.columns.items()}, self.histograms, self.holdings)
+        columns = {name: column[rows] for name, column in self.columns.items()}
+        return ScanColumns(columns, self.histograms, self.holdings)
 
     def scans(self) -> list[ChannelScan]:
         """One ChannelScan per row (without key groups: they are in ``histograms``)."""
@@ -164,13 +229,16 @@ class ScanColumns:
         return [ChannelScan(*row) for row in zip(*columns)]
 
 
-def suspects_of_holdings(holdings: np.ndarray) -> dict[tuple[int, int], frozenset]:
-    """``suspect_key_groups`` of (exchange, upstream, downstream, key group) rows, each distinct:
-    per (exchange, upstream subtask), the key groups that several downstream subtasks hold."""
-    if not len(holdings):
-        return {}
-    channels, counts = np.unique(holdings[:, [0, 1, 3]], axis=0, return_counts=True)
+def suspects_of_holdings(scans: ScanColumns) -> dict[tuple[int, int], frozenset]:
+    """Per (exchange, upstream subtask), the key groups that may be held by several downstream
+    subtasks: those held where they do not belong (each key group has one owner, so a key group
+    held twice is misplaced at least once). A wider set than ``suspect_key_groups`` (a key group
+    misplaced once and not held by its owner is one too): it only chooses which channels are
+    digested, and a digest held once is no copy. Takes the holdings from ``scans``."""
+    keys = np.unique(scans.holdings)
+    scans.holdings = np.zeros(0, dtype=np.int64)
     suspects: dict[tuple[int, int], set[int]] = {}
-    for exchange, upstream, group in channels[counts > 1].tolist():
+    exchanges, upstreams, groups = (keys >> 32).tolist(), ((keys >> 16) & 0xFFFF).tolist(), (keys & 0xFFFF).tolist()
+    for exchange, upstream, group in zip(exchanges, upstreams, groups):
         suspects.setdefault((exchange, upstream), set()).add(group)
     return {channel: frozenset(groups) for channel, groups in suspects.items()}
