@@ -124,12 +124,13 @@ class ExchangeScan:
     def channels_json(self) -> Iterator[str]:
         """``json.dumps`` of each item of ``as_dict()["channels"]``, made from the columns without
         the dicts (a job at parallelism p has up to p² channels)."""
-        columns = [self.figures.columns[name].tolist() for name in FIGURES[1:-1]]
-        misplaced = self.figures.columns[FIGURES[-1]].tolist() if self.keyed else ["null"] * len(columns[0])
-        row = _CHANNEL_ROW
-        for start in range(0, len(misplaced), 4096):  # rows made a slice at a time
-            stop = start + 4096
-            yield from (row % values for values in zip(*(c[start:stop] for c in columns), misplaced[start:stop]))
+        columns = [self.figures.columns[name] for name in FIGURES[1:]]
+        row, keyed = _CHANNEL_ROW, self.keyed
+        for start in range(0, len(self.figures), 4096):  # rows made a slice at a time
+            values = [column[start : start + 4096].tolist() for column in columns]
+            if not keyed:
+                values[-1] = ["null"] * len(values[-1])
+            yield from (row % items for items in zip(*values))
 
 
 def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):

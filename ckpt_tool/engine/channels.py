@@ -350,14 +350,21 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstre
     key >>= 1  # the channel
     new_channel = np.ones(len(key), dtype=bool)
     np.not_equal(key[1:], key[:-1], out=new_channel[1:])
-    starts = np.flatnonzero(new_channel)
-    del new_channel
-    channel = key[starts]
-    del key
-    per_channel = np.diff(np.append(starts, len(side))).astype(np.int32)
-    outputs = np.add.reduceat(side, starts).astype(np.int32) if len(starts) else np.zeros(0, dtype=np.int32)
-    del side
     size = rows["size"] if order is None else rows["size"][order]
+    if new_channel.all():  # a source per channel (as at high parallelism): the rows are the channels
+        del new_channel
+        channel, outputs = key, side
+        starts: np.ndarray = np.arange(len(key), dtype=np.int32)
+        inputs = 1 - side
+    else:
+        starts = np.flatnonzero(new_channel)
+        del new_channel
+        channel = key[starts]
+        per_channel = np.diff(np.append(starts, len(side))).astype(np.int32)
+        outputs = np.add.reduceat(side, starts).astype(np.int32) if len(starts) else np.zeros(0, dtype=np.int32)
+        inputs = per_channel - outputs
+        size = np.add.reduceat(size, starts) if len(starts) else np.zeros(0, dtype=np.int64)
+    del key, side
     file = rows["file"] if order is None else rows["file"][order]
     first, second = ((channel >> 16) & 0xFFFF).astype(np.int32), (channel & 0xFFFF).astype(np.int32)
     ups, downs = (second, first) if by_downstream else (first, second)
@@ -365,9 +372,9 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstre
         (channel >> 32).astype(np.int32),
         ups,
         downs,
-        _narrow(np.add.reduceat(size, starts) if len(starts) else np.zeros(0, dtype=np.int64)),
+        _narrow(size),
         _narrow(starts),
-        per_channel - outputs,
+        inputs,
         outputs,
         file,
         _narrow(offset_start),
