@@ -351,15 +351,19 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     discard_other_attempts(dst, tasks, routed)
     report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
+    numbers = list(range(max((spec.new_downstream_parallelism for spec in specs), default=0)))
     for written in routed:
         exchange = rescaled[written.exchange_index]
         delegate = RelativeFileHandle(written.file_name, written.file_size)
         info = (exchange.gate, written.new_channel)  # one tuple for the channel's handles in every subtask
         placed = written.placed
         offsets, bounds = placed.offsets.tolist(), placed.bounds.tolist()
-        for row, (subtask, size) in enumerate(zip(placed.subtask.tolist(), placed.size.tolist())):
+        # a handle per new channel of each subtask (p² of them): the subtask's number shared, not
+        # one int object each, and the offsets a tuple (a slice of a list holds room to grow)
+        subtasks = [numbers[s] for s in placed.subtask.tolist()]
+        for row, (subtask, size) in enumerate(zip(subtasks, placed.size.tolist())):
             new_inputs[(exchange.downstream_id, subtask)].append(
-                ChannelStateHandle(INPUT, subtask, info, offsets[bounds[row] : bounds[row + 1]], size, delegate)
+                ChannelStateHandle(INPUT, subtask, info, tuple(offsets[bounds[row] : bounds[row + 1]]), size, delegate)
             )
     for op in metadata.operators:
         _give_subtasks_their_inputs(op, new_inputs)
