@@ -23,6 +23,7 @@ import numpy as np
 from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
+from ckpt_tool.engine.channels import ranges
 from ckpt_tool.engine.tasks import (
     ATTEMPT,
     ReadBackTask,
@@ -417,10 +418,7 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     in the thousands writes millions of handles."""
     file_of = {r.file_name: i for i, r in enumerate(routed)}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
-    files: list[int] = []
-    exchanges: list[int] = []
-    subtasks: list[int] = []
-    channels: list[int] = []
+    columns: list[tuple[np.ndarray, ...]] = []  # per subtask and gate: file, exchange, subtask, channel, buffers
     offsets: list = []
     for op in metadata.operators:
         gates = [(gate, index) for (operator_id, gate), index in index_of.items() if operator_id == op.id_hex]
@@ -432,12 +430,23 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
                 ours = [h for h, f in zip(handles, in_file) if f >= 0]
                 if len(ours) < len(handles):
                     in_file = [f for f in in_file if f >= 0]
-                files += in_file
-                exchanges += [exchange_index] * len(ours)
-                subtasks += [s.index] * len(ours)
-                channels += [h.info[1] for h in ours]
+                n = len(ours)
+                columns.append(
+                    (
+                        np.array(in_file, dtype=np.int64),
+                        np.full(n, exchange_index, dtype=np.int64),
+                        np.full(n, s.index, dtype=np.int64),
+                        np.fromiter((h.info[1] for h in ours), dtype=np.int64, count=n),
+                        np.fromiter((len(h.offsets) for h in ours), dtype=np.int64, count=n),
+                    )
+                )
                 offsets += [h.offsets for h in ours]
-    held = _Handles(files, exchanges, subtasks, channels)
+    joined = [np.concatenate(c) for c in zip(*columns)] or [np.zeros(0, dtype=np.int64)] * 5
+    del columns
+    held = _Handles(*joined[:4])
+    held_buffers = joined[4]
+    all_offsets = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=int(held_buffers.sum()))
+    del offsets
     counts = [len(r.placed) for r in routed]
     wanted = _Handles(
         np.repeat(np.arange(len(routed)), counts),
@@ -483,8 +492,11 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
 
     # read back each file through its handles (in key order), with the engine
     by_file = np.lexsort((held_keys, held.file))
-    buffers = np.fromiter((len(offsets[row]) for row in by_file.tolist()), dtype=np.int64, count=len(by_file))
-    flat = np.fromiter(chain.from_iterable(offsets[row] for row in by_file.tolist()), dtype=np.int64, count=int(buffers.sum()))
+    buffers = held_buffers[by_file]
+    first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
+    np.cumsum(held_buffers[:-1], out=first_buffer[1:])
+    flat = all_offsets[ranges(first_buffer[by_file], buffers)]
+    del all_offsets, first_buffer
     file_starts = np.flatnonzero(np.diff(held.file[by_file], prepend=-1)) if len(by_file) else by_file
     file_stops = np.append(file_starts[1:], len(by_file))
     buffer_bounds = np.zeros(len(by_file) + 1, dtype=np.int64)

@@ -7,7 +7,15 @@ import pytest
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import MERGED, PLAIN, channel_handle_form, read_metadata, set_channel_handle_form, write_metadata
+from ckpt_tool.flink.metadata import (
+    MERGED,
+    PLAIN,
+    channel_handle_form,
+    metadata_chunks,
+    read_metadata,
+    set_channel_handle_form,
+    write_metadata,
+)
 from ckpt_tool.flink.model import INPUT, OUTPUT, MergedChannelStateHandle
 
 
@@ -53,6 +61,9 @@ def test_operators_match_flink(fixture):
 def test_round_trip_is_byte_identical(fixture):
     data = fixture.metadata_file.read_bytes()
     assert write_metadata(read_metadata(data)) == data
+    # as the writer writes it: in views of one buffer, not copied whole
+    chunks = metadata_chunks(read_metadata(data), 1000)
+    assert b"".join(chunks) == data and all(len(chunk) == 1000 for chunk in chunks[:-1])
 
 
 def test_channel_state_read_from_files_matches_flink(fixture):

@@ -173,7 +173,7 @@ class ChannelTable:
         and offsets (a table handed to another process carries no more than its channels)."""
         rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
         counts = (self.inputs[rows] + self.outputs[rows]).astype(np.int64)
-        sources = _ranges(self.source_start[rows].astype(np.int64), counts)
+        sources = ranges(self.source_start[rows].astype(np.int64), counts)
         offset_counts = self.offset_count[sources].astype(np.int64)
         offset_starts = np.zeros(len(sources), dtype=np.int64)
         np.cumsum(offset_counts[:-1], out=offset_starts[1:])
@@ -191,7 +191,7 @@ class ChannelTable:
             source_file.reshape(-1).astype(np.int32),
             _narrow(offset_starts),
             offset_counts.astype(np.int32),
-            self.offsets[_ranges(self.offset_start[sources].astype(np.int64), offset_counts)],
+            self.offsets[ranges(self.offset_start[sources].astype(np.int64), offset_counts)],
             [self.files[i] for i in used.tolist()],
             self.max_parallelism,
             self.parallelism,
@@ -206,7 +206,7 @@ def _narrow(column: np.ndarray) -> np.ndarray:
     return column.astype(np.int32)
 
 
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The concatenation of ``range(start, start + count)`` for each pair, as one array."""
     total = int(counts.sum())
     if not total:
@@ -344,7 +344,7 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstre
     if order is not None:  # in the sources' order
         gathered_start = np.zeros(len(order), dtype=np.int64)
         np.cumsum(rows["count"][:-1], out=gathered_start[1:])
-        offsets = offsets[_ranges(gathered_start[order], count)]
+        offsets = offsets[ranges(gathered_start[order], count)]
         del gathered_start
     side = (key & 1).astype(np.int32)
     key >>= 1  # the channel

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 import xxhash
 
-from ckpt_tool.engine.channels import ChannelTable, ChannelTask, _ranges
+from ckpt_tool.engine.channels import ChannelTable, ChannelTask, ranges
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
@@ -232,7 +232,7 @@ def read_rows(
     for a, b in zip(groups[:-1], groups[1:]):
         members = order[a:b]
         location, _, segment, beneath = table.files[int(ordered[a])]
-        offsets = table.offsets[_ranges(offset_start[members], counts[members])]
+        offsets = table.offsets[ranges(offset_start[members], counts[members])]
         source = BufferSource(location, None, segment, offsets.tolist(), beneath)
         blob, found, _ = reader.grouped_payloads(source, counts[members], lengths=False)
         sizes[members] = found

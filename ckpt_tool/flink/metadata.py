@@ -579,11 +579,19 @@ def _unmerge(r: JavaReader) -> None:
 
 def write_metadata(metadata: CheckpointMetadata) -> bytes:
     """Serialize like Flink's serializer of ``metadata.version``."""
+    return bytes(metadata_chunks(metadata, 0)[0])
+
+
+def metadata_chunks(metadata: CheckpointMetadata, size: int = 16 << 20) -> list[memoryview]:
+    """``write_metadata`` as views of at most ``size`` bytes (one view for 0) of one buffer, not
+    copied: a job at parallelism p in the thousands has a ``_metadata`` of hundreds of MB."""
     if metadata.version not in SUPPORTED_VERSIONS:
         raise CheckpointFormatError(f"cannot write metadata version {metadata.version}")
     w = _MetadataWriter(JavaWriter(), metadata.version)
     w.write(metadata)
-    return w.w.getvalue()
+    whole = memoryview(w.w.buffer)
+    step = size or max(1, len(whole))
+    return [whole[start : start + step] for start in range(0, max(1, len(whole)), step)]
 
 
 def serialize_merged_offsets(channels: Sequence[ChannelStateHandle]) -> bytes:

@@ -16,8 +16,8 @@ from ckpt_tool.flink.metadata import (
     channel_handle_form,
     map_stream_handles,
     merging_gains,
+    metadata_chunks,
     set_channel_handle_form,
-    write_metadata,
 )
 from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
 from ckpt_tool.storage import io_for, is_local, join, normalize_uri, parent, within
@@ -165,7 +165,8 @@ def write_checkpoint(
     for uri in claim.created_files():  # this run's files only; a link or hard link there is refused
         out.set_mode(uri, mode)
     published = join(dst, METADATA_FILE)
-    out.write(published, write_metadata(metadata))
+    chunks = metadata_chunks(metadata)  # serialized whole before the file is created
+    out.write_stream(published, (bytes(chunk) for chunk in chunks))
     try:
         out.set_mode(published, mode)
     except BaseException:
