@@ -521,11 +521,14 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     routed_records = np.concatenate([r.placed.records for r in routed] or [np.zeros(0, dtype=np.int64)])
     routed_digests = np.concatenate([r.placed.digest_matrix() for r in routed] or [np.zeros((0, 16), dtype=np.uint8)])
     held_rows, wanted_rows = held_order, wanted_order
-    wrong = (
-        (records[held_rows] != routed_records[wanted_rows])
-        | (trailing[held_rows] != 0)
-        | (digests[held_rows] != routed_digests[wanted_rows]).any(axis=1)
-    )
+    wrong = np.zeros(len(held_rows), dtype=bool)
+    for start in range(0, len(held_rows), 1 << 20):  # a million handles at a time (the digests' copies)
+        mine, theirs = held_rows[start : start + (1 << 20)], wanted_rows[start : start + (1 << 20)]
+        wrong[start : start + len(mine)] = (
+            (records[mine] != routed_records[theirs])
+            | (trailing[mine] != 0)
+            | (digests[mine] != routed_digests[theirs]).any(axis=1)
+        )
     if wrong.any():
         at = int(np.argmax(wrong))
         row, expected = int(held_rows[at]), int(routed_records[wanted_rows[at]])

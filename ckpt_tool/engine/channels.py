@@ -260,7 +260,7 @@ class _Sources:
         or d then u ``by_downstream``), and the side (input 0, output 1), as one int64 in that order."""
         first, second = np.asarray(d if self.by_downstream else u), np.asarray(u if self.by_downstream else d)
         if len(first) and not (min(first.min(), second.min()) >= 0 and max(first.max(), second.max()) < 1 << 15):
-            raise CheckpointFormatError(f"a channel-state handle of exchange {self.exchange} names a subtask beyond 32767")
+            raise CheckpointFormatError(f"a channel-state handle of exchange {self.exchange} names a subtask outside 0 to 32767")
         key = first.astype(np.int64) << 17
         key |= second.astype(np.int64) << 1
         key |= side
