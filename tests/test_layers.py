@@ -1,7 +1,7 @@
 """The architecture is one-way (README, Layout): storage → flink → records → assign → engine →
-writer → what operations share → operations → CLI, with errors, text and input-file checks at the
-bottom. Every ``ckpt_tool`` import, lazy ones inside functions included, points down or stays in
-its own part, and no modules import each other in a circle."""
+writer → what operations share → operations → CLI, with errors, text, input-file checks and the
+release of freed memory at the bottom. Every ``ckpt_tool`` import, lazy ones inside functions
+included, points down or stays in its own part, and no modules import each other in a circle."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ RANK = {
     "errors": 0,
     "text": 0,
     "input_files": 0,
+    "memory": 0,
     "storage": 1,
     "flink": 2,
     "records": 3,
