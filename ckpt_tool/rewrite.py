@@ -28,7 +28,6 @@ from ckpt_tool.engine.tasks import (
     ATTEMPT,
     ReadBackTask,
     RoutedFile,
-    RouteTask,
     channel_tasks,
     discard_other_attempts,
     read_back,
@@ -255,7 +254,7 @@ class Staged:
 
     metadata: CheckpointMetadata
     rescaled: list
-    tasks: list[RouteTask]
+    task_files: list[str]  # the route tasks' files (their attempts are named after them)
     routed: list[RoutedFile]
     files: dict[str, bytes]
     dropped: list
@@ -273,7 +272,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     report.dropped = _dropped_report(staged.dropped, source, engine)
     report.files_written = len(routed) + len(staged.files)
     report.leftovers_removed = len(claim.leftovers_removed)
-    discard_other_attempts(dst, staged.tasks, routed)  # the last sweep: an attempt Spark lost track of may write late
+    discard_other_attempts(dst, staged.task_files, routed)  # the last sweep: an attempt Spark lost track of may write late
     metadata, files, written = staged.metadata, staged.files, frozenset(r.file_name for r in routed)
     write_checkpoint(source, metadata, dst, files, session.progress, written, claim)
     return report
@@ -339,8 +338,9 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
         report.dropped = _dropped_report(dropped, source, engine)
         return None
     tasks = route_tasks(channel_tasks(source, rescaled), specs)
+    names = [t.file_name for t in tasks]
     # journaled before any is created: each task's file, and on Spark each attempt's
-    claim.will_create([t.file_name for t in tasks], [t.file_name + ATTEMPT for t in tasks])
+    claim.will_create(names, [name + ATTEMPT for name in names])
     routed: list[RoutedFile] = [
         written
         for batch in engine.map_batches(
@@ -348,8 +348,9 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
         )
         for written in batch
     ]
+    del tasks  # their tables of old channels (a copy of every channel's columns) are done with
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
-    discard_other_attempts(dst, tasks, routed)
+    discard_other_attempts(dst, names, routed)
     report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
     numbers = list(range(max((spec.new_downstream_parallelism for spec in specs), default=0)))
@@ -376,7 +377,7 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
             s.input_channels = list[AnyChannelHandle](inputs) + list[AnyChannelHandle](arrived)
             s.output_channels = outputs
 
-    return Staged(metadata, rescaled, tasks, routed, files, dropped)
+    return Staged(metadata, rescaled, names, routed, files, dropped)
 
 
 def _gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str, wanted: bool) -> Callable[[int], bool]:

@@ -388,11 +388,12 @@ def attempt_file_name(file_name: str) -> str:
     return file_name
 
 
-def discard_other_attempts(dst: str, tasks: list[RouteTask], routed: list[RoutedFile]) -> list[str]:
-    """Remove the files that attempts of ``tasks`` other than the ones in ``routed`` left under
-    ``dst`` (a failed, lost or speculative attempt); returns their names."""
+def discard_other_attempts(dst: str, task_files: list[str], routed: list[RoutedFile]) -> list[str]:
+    """Remove the files that attempts of the route tasks writing ``task_files``, other than the
+    ones in ``routed``, left under ``dst`` (a failed, lost or speculative attempt); returns their
+    names."""
     winners = {r.file_name for r in routed}
-    prefixes = tuple(t.file_name + ATTEMPT for t in tasks)
+    prefixes = tuple(name + ATTEMPT for name in task_files)
     io, removed = io_for(dst), []
     for name in io.list_names(dst):  # the files directly in dst: ckpt writes into no subdirectory
         if name.startswith(prefixes) and name not in winners:
