@@ -224,8 +224,9 @@ class Engine:
         items = _items(items)
         if not len(items):
             return []
-        ones = np.ones(len(items), dtype=np.int64)
-        batches, report = _planned(len(items), ones if sizes is None else sizes, self.slots(), progress)
+        if sizes is None:  # without sizes, every item weighs one
+            sizes = np.ones(len(items), dtype=np.int64)
+        batches, report = _planned(len(items), sizes, self.slots(), progress)
         return _raise_task_errors(self._map(_Guarded(_Whole(function)), _batched(items, batches), report))
 
     def slots(self) -> int:
