@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -44,6 +45,14 @@ def cluster(tmp_path_factory):
         yield cluster
 
 
+@pytest.fixture(autouse=True)
+def _pruned(request):
+    """After each test, the bundles its applications' executors unpacked are removed."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").prune()
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     """The fixture's checkpoint where the workers can read it (the repository is hidden from them)."""
@@ -52,9 +61,13 @@ def source(tmp_path_factory) -> Path:
     return copy / FIXTURE.checkpoint.relative_to(FIXTURE.directory)
 
 
-def run_ckpt(*args, timeout: float = 300, background: bool = False, **kwargs):
+def run_ckpt(*args, timeout: float = 300, background: bool = False, temp: Optional[Path] = None, **kwargs):
+    """ckpt as the cluster's driver; ``temp``: its temporary directory (TMPDIR)."""
     command = [str(CKPT), *map(str, args)]
     env = driver_environment()
+    if temp is not None:
+        temp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(temp)
     if background:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
@@ -87,8 +100,9 @@ def test_the_workers_cannot_see_ckpt(cluster):
 def test_rescale_on_the_cluster_restores_exactly(cluster, source, tmp_path):
     dst = tmp_path / "rescaled" / "job" / source.name
     started = time.monotonic()
-    result = run_ckpt(*rescale_args(source, dst, cluster.url))
+    result = run_ckpt(*rescale_args(source, dst, cluster.url), temp=tmp_path / "temp")
     assert result.returncode == 0, result.stderr
+    assert not list((tmp_path / "temp").iterdir()), "ckpt left files in its temporary directory"
     print(f"ckpt rescale on the cluster: {time.monotonic() - started:.1f} s")
     report = json.loads(result.stdout)
     assert report["engine"] == "spark" and report["records_out"] == report["records_in"] > 0 and report["warnings"] == []
@@ -233,11 +247,13 @@ def test_a_cluster_that_runs_no_task_fails_naming_the_master(cluster, source, tm
     """Executors of 4 GiB do not fit the workers' 1 GiB: Spark would wait for them without end."""
     wants = ("spark.executor.memory=4g", "spark.ckpt.executorTimeout=10")
     started = time.monotonic()
-    result = run_ckpt(*rescale_args(source, tmp_path / "out" / source.name, cluster.url, *wants), timeout=120)
+    temp = tmp_path / "temp"
+    result = run_ckpt(*rescale_args(source, tmp_path / "out" / source.name, cluster.url, *wants), timeout=120, temp=temp)
     assert result.returncode == 2 and time.monotonic() - started < 60
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"no executor of the Spark master {cluster.url} ran a task within 10 s" in lines[0]
     assert not cluster.settled_state()["activeapps"]
+    assert not list(temp.glob("ckpt-spark-*.log"))  # the error names no log: none is left behind
 
 
 def test_executors_on_another_python_minor_are_refused_naming_both_versions(cluster, source, tmp_path):

@@ -11,6 +11,7 @@ it with the same one-line message and exit code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -328,6 +329,7 @@ class SparkEngine(Engine):
         }
         self.conf = {**defaults, **executor_environment(), **(conf or {})}
         self.log: Optional[str] = None
+        self._log_named = False  # an error named the log: it is kept for the user to read
         self._context = None
         self._owned = True  # False when Spark was already running in this process: left running
         self._starting: Optional[Future] = None
@@ -343,7 +345,7 @@ class SparkEngine(Engine):
             pool.shutdown(wait=False)
 
     def _create_context(self):
-        from pyspark import SparkConf, SparkContext
+        from pyspark import SparkContext
 
         from ckpt_tool.engine import shipping
 
@@ -363,20 +365,30 @@ class SparkEngine(Engine):
         if python and (cluster or saved is None):
             os.environ["PYSPARK_PYTHON"] = python
         try:
-            conf = SparkConf().setMaster(self.master).setAppName("ckpt").setAll(list(settings.items()))
-            gateway = None
-            if self.quiet:
-                from pyspark.java_gateway import launch_gateway
-
-                with tempfile.NamedTemporaryFile(prefix="ckpt-spark-", suffix=".log", delete=False) as log:
-                    self.log = log.name
-                    gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-            context = SparkContext(conf=conf, gateway=gateway)
+            return self._started(settings, cluster)
+        except BaseException:
+            self._drop_log()  # a failed start's error says what failed; its log names nothing more
+            raise
         finally:
             if saved is None:
                 os.environ.pop("PYSPARK_PYTHON", None)
             else:
                 os.environ["PYSPARK_PYTHON"] = saved
+
+    def _started(self, settings: dict, cluster: bool):
+        from pyspark import SparkConf, SparkContext
+
+        from ckpt_tool.engine import shipping
+
+        conf = SparkConf().setMaster(self.master).setAppName("ckpt").setAll(list(settings.items()))
+        gateway = None
+        if self.quiet:
+            from pyspark.java_gateway import launch_gateway
+
+            with tempfile.NamedTemporaryFile(prefix="ckpt-spark-", suffix=".log", delete=False) as log:
+                self.log = log.name
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        context = SparkContext(conf=conf, gateway=gateway)
         context.setLogLevel("OFF" if self.quiet else "ERROR")
         if cluster:
             try:
@@ -405,10 +417,15 @@ class SparkEngine(Engine):
         if self._context is not None:
             if self._owned:
                 self._context.stop()
-                if self.log:
-                    os.unlink(self.log)
-                    self.log = None
+                if not self._log_named:
+                    self._drop_log()
             self._context = None
+
+    def _drop_log(self) -> None:
+        if self.log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log)
+            self.log = None
 
     def slots(self) -> int:
         return max(1, self.context.defaultParallelism)
@@ -425,6 +442,7 @@ class SparkEngine(Engine):
             from ckpt_tool.engine.shipping import explain, last_line
 
             where = f" (Spark's log: {self.log})" if self.log else ""
+            self._log_named = bool(self.log)  # kept when Spark stops
             raise EngineError((explain(self.master, str(exc)) or f"Spark failed: {last_line(exc)}") + where) from exc
         _wait_for_attempts(sc, group)
         if progress:
