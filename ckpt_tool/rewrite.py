@@ -47,6 +47,7 @@ from ckpt_tool.flink.model import (
     RelativeFileHandle,
     SubtaskState,
 )
+from ckpt_tool.memory import release_memory
 from ckpt_tool.planning import RescalePlan
 from ckpt_tool.records.route import RouteSpec
 from ckpt_tool.session import Session
@@ -268,6 +269,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
         return report
     source, engine, routed = session.checkpoint, session.engine, staged.routed
     records_out = verify_output(session, staged.metadata, staged.rescaled, routed, dst)
+    release_memory()  # the proof's columns, before the metadata's buffer is serialized
     report.exchanges = _routed_figures(staged.rescaled, routed, records_out, staged.metadata)
     report.dropped = _dropped_report(staged.dropped, source, engine)
     report.files_written = len(routed) + len(staged.files)
@@ -354,6 +356,7 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     report.warnings = list(engine.warnings)
     new_inputs: dict[tuple[str, int], list[ChannelStateHandle]] = defaultdict(list)
     numbers = list(range(max((spec.new_downstream_parallelism for spec in specs), default=0)))
+    sizes: dict[int, int] = {}  # one int object per distinct channel size, up to SHARED_SIZES of them
     for written in routed:
         exchange = rescaled[written.exchange_index]
         delegate = RelativeFileHandle(written.file_name, written.file_size)
@@ -363,7 +366,11 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
         # a handle per new channel of each subtask (p² of them): the subtask's number shared, not
         # one int object each, and the offsets a tuple (a slice of a list holds room to grow)
         subtasks = [numbers[s] for s in placed.subtask.tolist()]
-        for row, (subtask, size) in enumerate(zip(subtasks, placed.size.tolist())):
+        if len(sizes) < SHARED_SIZES:
+            for size in np.unique(placed.size).tolist()[: SHARED_SIZES - len(sizes)]:
+                sizes.setdefault(size, size)
+        shared = [sizes.get(size, size) for size in placed.size.tolist()]
+        for row, (subtask, size) in enumerate(zip(subtasks, shared)):
             new_inputs[(exchange.downstream_id, subtask)].append(
                 ChannelStateHandle(INPUT, subtask, info, tuple(offsets[bounds[row] : bounds[row + 1]]), size, delegate)
             )
@@ -385,6 +392,9 @@ def _gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str,
     return lambda gate: ((operator_id, gate) in replaced) == wanted
 
 
+SHARED_SIZES = 1 << 16  # the p² new channels of a job at high parallelism mostly repeat a few sizes
+
+
 def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
     """A new subtask that receives in-flight data gets a subtask state to hold its handles, even
     where the source metadata had none for it (a stateless operator has no subtask states)."""
@@ -397,17 +407,17 @@ def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
 
 
 class _Handles:
-    """Channel handles as columns: per handle, the routed file it references (an index into the
-    routed files), its exchange, subtask and new channel, and one key for the three."""
+    """Channel handles as columns (int32): per handle, the routed file it references (an index into
+    the routed files), its exchange, subtask and new channel, and one key for the three."""
 
     def __init__(self, files, exchanges, subtasks, channels) -> None:
-        self.file = np.asarray(files, dtype=np.int64)
-        self.exchange = np.asarray(exchanges, dtype=np.int64)
-        self.subtask = np.asarray(subtasks, dtype=np.int64)
-        self.channel = np.asarray(channels, dtype=np.int64)
+        self.file = np.asarray(files, dtype=np.int32)
+        self.exchange = np.asarray(exchanges, dtype=np.int32)
+        self.subtask = np.asarray(subtasks, dtype=np.int32)
+        self.channel = np.asarray(channels, dtype=np.int32)
 
     def keys(self, subtasks: int, channels: int) -> np.ndarray:
-        return (self.exchange * subtasks + self.subtask) * channels + self.channel
+        return (self.exchange.astype(np.int64) * subtasks + self.subtask) * channels + self.channel
 
 
 def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> np.ndarray:
@@ -416,11 +426,11 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     exactly one handle for each channel routed, into the file it was routed to, or where a handle
     reads back other records (count or digest) than were routed into it, or a file's bytes are not
     each referenced by exactly one handle. Handles and figures are columns: a rescale at parallelism
-    in the thousands writes millions of handles."""
+    in the thousands writes millions of handles (each column is dropped once done with)."""
     file_of = {r.file_name: i for i, r in enumerate(routed)}
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
     columns: list[tuple[np.ndarray, ...]] = []  # per subtask and gate: file, exchange, subtask, channel, buffers
-    offsets: list = []
+    offset_parts: list[np.ndarray] = []  # their buffers' offsets, in that order
     for op in metadata.operators:
         gates = [(gate, index) for (operator_id, gate), index in index_of.items() if operator_id == op.id_hex]
         for s in op.subtasks:
@@ -432,28 +442,31 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
                 if len(ours) < len(handles):
                     in_file = [f for f in in_file if f >= 0]
                 n = len(ours)
+                buffers = np.fromiter((len(h.offsets) for h in ours), dtype=np.int32, count=n)
                 columns.append(
                     (
-                        np.array(in_file, dtype=np.int64),
-                        np.full(n, exchange_index, dtype=np.int64),
-                        np.full(n, s.index, dtype=np.int64),
-                        np.fromiter((h.info[1] for h in ours), dtype=np.int64, count=n),
-                        np.fromiter((len(h.offsets) for h in ours), dtype=np.int64, count=n),
+                        np.array(in_file, dtype=np.int32),
+                        np.full(n, exchange_index, dtype=np.int32),
+                        np.full(n, s.index, dtype=np.int32),
+                        np.fromiter((h.info[1] for h in ours), dtype=np.int32, count=n),
+                        buffers,
                     )
                 )
-                offsets += [h.offsets for h in ours]
-    joined = [np.concatenate(c) for c in zip(*columns)] or [np.zeros(0, dtype=np.int64)] * 5
+                total = int(buffers.sum())
+                offset_parts.append(np.fromiter(chain.from_iterable(h.offsets for h in ours), dtype=np.int64, count=total))
+    joined = [np.concatenate(c) for c in zip(*columns)] or [np.zeros(0, dtype=np.int32)] * 5
     del columns
     held = _Handles(*joined[:4])
     held_buffers = joined[4]
-    all_offsets = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=int(held_buffers.sum()))
-    del offsets
+    del joined
+    all_offsets = np.concatenate(offset_parts) if offset_parts else np.zeros(0, dtype=np.int64)
+    del offset_parts
     counts = [len(r.placed) for r in routed]
     wanted = _Handles(
-        np.repeat(np.arange(len(routed)), counts),
-        np.repeat([r.exchange_index for r in routed], counts),
-        np.concatenate([r.placed.subtask for r in routed] or [np.zeros(0, dtype=np.int64)]),
-        np.repeat([r.new_channel for r in routed], counts),
+        np.repeat(np.arange(len(routed), dtype=np.int32), counts),
+        np.repeat(np.array([r.exchange_index for r in routed], dtype=np.int32), counts),
+        np.concatenate([r.placed.subtask.astype(np.int32) for r in routed] or [np.zeros(0, dtype=np.int32)]),
+        np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts),
     )
     width_s = int(max(held.subtask.max(initial=0), wanted.subtask.max(initial=0))) + 1
     width_c = int(max(held.channel.max(initial=0), wanted.channel.max(initial=0))) + 1
@@ -491,11 +504,13 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
             routed_to=routed_to,
         )
 
+    del wanted, wanted_keys  # wanted_order pairs each handle with what was routed into it
     # read back each file through its handles (in key order), with the engine
     by_file = np.lexsort((held_keys, held.file))
-    buffers = held_buffers[by_file]
+    del held_keys
+    buffers = held_buffers[by_file].astype(np.int64)
     first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
-    np.cumsum(held_buffers[:-1], out=first_buffer[1:])
+    np.cumsum(held_buffers[:-1], dtype=np.int64, out=first_buffer[1:])
     flat = all_offsets[ranges(first_buffer[by_file], buffers)]
     del all_offsets, first_buffer
     file_starts = np.flatnonzero(np.diff(held.file[by_file], prepend=-1)) if len(by_file) else by_file
