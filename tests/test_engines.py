@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from ckpt_tool.engine import EngineError, LocalEngine, make_engine
@@ -37,6 +40,8 @@ def test_a_bug_on_spark_is_one_line_with_exit_code_3(spark):
     with pytest.raises(EngineError) as raised:
         spark.map(lambda item: 1 // 0, [1, 2])
     assert raised.value.exit_code == 3 and "ZeroDivisionError" in str(raised.value) and "\n" not in str(raised.value)
+    named = re.search(r"\(Spark's log: (\S+)\)", str(raised.value))
+    assert named is None or Path(named.group(1)).is_file()  # a log the error names is there to read
 
 
 def test_auto_chooses_by_size_and_master():
