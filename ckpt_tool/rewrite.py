@@ -442,17 +442,17 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
                 if len(ours) < len(handles):
                     in_file = [f for f in in_file if f >= 0]
                 n = len(ours)
-                buffers = np.fromiter((len(h.offsets) for h in ours), dtype=np.int32, count=n)
+                buffer_counts = np.fromiter((len(h.offsets) for h in ours), dtype=np.int32, count=n)
                 columns.append(
                     (
                         np.array(in_file, dtype=np.int32),
                         np.full(n, exchange_index, dtype=np.int32),
                         np.full(n, s.index, dtype=np.int32),
                         np.fromiter((h.info[1] for h in ours), dtype=np.int32, count=n),
-                        buffers,
+                        buffer_counts,
                     )
                 )
-                total = int(buffers.sum())
+                total = int(buffer_counts.sum())
                 offset_parts.append(np.fromiter(chain.from_iterable(h.offsets for h in ours), dtype=np.int64, count=total))
     joined = [np.concatenate(c) for c in zip(*columns)] or [np.zeros(0, dtype=np.int32)] * 5
     del columns
