@@ -61,9 +61,9 @@ def test_operators_match_flink(fixture):
 def test_round_trip_is_byte_identical(fixture):
     data = fixture.metadata_file.read_bytes()
     assert write_metadata(read_metadata(data)) == data
-    # as the writer writes it: in views of one buffer, not copied whole
+    # as the writer writes it: in pieces cut where a subtask ends, once they hold 1000 bytes
     chunks = metadata_chunks(read_metadata(data), 1000)
-    assert b"".join(chunks) == data and all(len(chunk) == 1000 for chunk in chunks[:-1])
+    assert b"".join(chunks) == data and all(len(chunk) >= 1000 for chunk in chunks[:-1])
 
 
 def test_channel_state_read_from_files_matches_flink(fixture):

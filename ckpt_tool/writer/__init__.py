@@ -166,7 +166,7 @@ def write_checkpoint(
         out.set_mode(uri, mode)
     published = join(dst, METADATA_FILE)
     chunks = metadata_chunks(metadata)  # serialized whole before the file is created
-    out.write_stream(published, (bytes(chunk) for chunk in chunks))
+    out.write_stream(published, chunks)
     try:
         out.set_mode(published, mode)
     except BaseException:
