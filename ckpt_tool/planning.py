@@ -27,7 +27,7 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.finished import finished_state_problem
-from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, MergedChannelStateHandle, SubtaskState
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, MergedChannelStateHandle, SubtaskState, columns_opened
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.schema import Exchange
 
@@ -162,7 +162,7 @@ def _gates_holding_data(subtask: SubtaskState, direction: str) -> Iterator[int]:
     """The gate (input) or partition (output) of each handle of ``subtask`` in ``direction`` that
     holds buffers: a merged handle of one gate is not decoded (a job at parallelism p has p²
     channels), one of several gates is, channel by channel."""
-    for handle in subtask.input_channels if direction == INPUT else subtask.output_channels:
+    for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
         if isinstance(handle, MergedChannelStateHandle) and len(handle.gates) == 1:
             if handle.buffer_count:
                 yield handle.gates[0]

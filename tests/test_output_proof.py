@@ -16,7 +16,8 @@ import pytest
 
 from catalog import fixture_named
 from ckpt_tool.engine.tasks import ReadBackTask, _read_back_one_by_one, _read_back_together
-from ckpt_tool.flink.model import INPUT, RelativeFileHandle
+from ckpt_tool.flink.metadata import write_metadata
+from ckpt_tool.flink.model import INPUT, ChannelColumns, RelativeFileHandle, columns_opened
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import OutputVerificationError, RescaleReport, Staged, stage, verify_output
 from ckpt_tool.session import Session
@@ -38,8 +39,12 @@ def staged(tmp_path: Path):
 
 
 def new_handles(staged: Staged) -> list:
-    """(subtask state, handle) of every handle into a routed file, in the new metadata."""
+    """(subtask state, handle) of every handle into a routed file, in the new metadata (whose
+    ``ChannelColumns`` are opened up into handles, in place, to be changed one by one)."""
     names = {r.file_name for r in staged.routed}
+    for op in staged.metadata.operators:
+        for s in op.subtasks:
+            s.input_channels = list(columns_opened(s.input_channels))
     return [
         (s, h)
         for op in staged.metadata.operators
@@ -59,6 +64,41 @@ def test_the_untouched_output_proves_itself(staged):
     records = verify_output(session, result.metadata, result.rescaled, result.routed, destination)
     assert records.tolist() == [sum(int(r.placed.records.sum()) for r in result.routed)] and records.sum() > 0
     assert len(new_handles(result)) == sum(len(r.placed) for r in result.routed)
+
+
+def test_new_handles_are_columns_and_write_as_the_handles_they_hold(staged):
+    """The new handles of a subtask are one ``ChannelColumns``: ``_metadata`` holds the same bytes
+    as with them opened up into handles, and both prove themselves with the same records."""
+    session, result, destination = staged
+    columns = [
+        h for op in result.metadata.operators for s in op.subtasks for h in s.input_channels if isinstance(h, ChannelColumns)
+    ]
+    assert columns and sum(c.channel_count for c in columns) == sum(len(r.placed) for r in result.routed)
+    as_columns = verify_output(session, result.metadata, result.rescaled, result.routed, destination)
+    written = write_metadata(result.metadata)
+    opened = new_handles(result)
+    assert len(opened) == sum(c.channel_count for c in columns)
+    assert write_metadata(result.metadata) == written
+    assert verify_output(session, result.metadata, result.rescaled, result.routed, destination).tolist() == as_columns.tolist()
+
+
+def test_a_fault_in_the_columns_is_refused(staged):
+    result = staged[1]
+    subtask, columns = next(
+        (s, h) for op in result.metadata.operators for s in op.subtasks for h in s.input_channels if isinstance(h, ChannelColumns)
+    )
+    routed_channel = int(columns.channel[0])
+    columns.channel = columns.channel.copy()
+    columns.channel[0] = 99  # the routed channel has no handle now: the first check to fail
+    with pytest.raises(
+        OutputVerificationError, match=rf"subtask {subtask.index} holds no handle for new channel {routed_channel}"
+    ):
+        prove(staged)
+    columns.channel[0] = routed_channel
+    columns.file = columns.file.copy()
+    columns.file[0] = (columns.file[0] + 1) % len(columns.files.handles)
+    with pytest.raises(OutputVerificationError, match=r"references ckpt-inflight-\S+, its records were routed to ckpt-inflight-"):
+        prove(staged)
 
 
 def test_a_missing_handle_is_refused(staged):

@@ -215,3 +215,43 @@ def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_p
     subtask.input_channels = subtask.input_channels + subtask.input_channels[:1]
     with ChannelStateReader() as reader:
         assert _merged_digests(Checkpoint.open(str(generated)), reader, subtask, INPUT) is None
+
+
+def test_channel_state_check_reads_a_file_shared_by_subtasks_at_once(ckpt, tmp_path):
+    """ckpt's rescale writes each new channel of every subtask into one file (a subtask's p
+    handles lie in p files): ``verify`` reads each file once for all subtasks, finds a buffer
+    two subtasks reference in one file as a replica, and names a handle that does not read alone."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import generate
+
+    from ckpt_tool.ops.verify import check_channel_state
+
+    source = tmp_path / "job" / "chk-3"
+    generate(source, 6, 3_000_000, handles="plain")
+    rescaled = tmp_path / "out" / "chk-3"
+    code, _, err = ckpt("rescale", str(source), str(rescaled), "-p", "4", "--engine", "local", *inputs(BASE))
+    assert code == 0, err
+    cp = Checkpoint.open(str(rescaled))
+    assert [r.problems for r in check_channel_state(cp, True)] == [[], [], []]
+    slow = cp.metadata.operator(SLOW)
+    by_file: dict = {}
+    for s in slow.subtasks:
+        for h in s.input_channels:
+            if h.offsets:
+                by_file.setdefault(h.delegate.relative_path, []).append((s, h))
+    shared = next(members for members in by_file.values() if len({s.index for s, _ in members}) >= 2)
+    (first_subtask, first), (second_subtask, second) = shared[0], next(m for m in shared if m[0] is not shared[0][0])
+    assert first_subtask.index != second_subtask.index
+    # the second subtask's channel references the first's buffers, in the same file: replicas
+    at = second_subtask.input_channels.index(second)
+    copied = second_subtask.input_channels[at] = copy.copy(second)
+    copied.offsets, copied.state_size = first.offsets, first.state_size
+    buffers, _, replicas = check_channel_state(cp, True)
+    assert buffers.problems == [] and replicas.problems and replicas.problems[0].count >= 1
+    # a buffer outside the shared file: that channel alone is named
+    copied.offsets = (10**9,)
+    buffers, _, _ = check_channel_state(cp, True)
+    assert [(p.subtask, p.channel) for p in buffers.problems] == [(second_subtask.index, f"input 0/{second.info[1]}")]

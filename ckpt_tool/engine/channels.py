@@ -28,6 +28,7 @@ from ckpt_tool.flink.model import (
     ChannelStateHandle,
     MergedChannelStateHandle,
     OperatorState,
+    columns_opened,
     uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
@@ -420,7 +421,7 @@ def _add_side(
         sources.one(u, d, side, handle)
 
     for subtask in op.subtasks:
-        handles = subtask.input_channels if direction == INPUT else subtask.output_channels
+        handles = columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels)
         for handle in handles:
             if not isinstance(handle, MergedChannelStateHandle):
                 if handle.info[0] == gate:

@@ -194,6 +194,32 @@ class ChannelStateReader:
         large = sizes >= min_bytes
         return _digests(data, offsets[large].tolist(), sizes[large].tolist(), min_bytes)
 
+    def buffer_digests_owned(
+        self, source: BufferSource, owners: np.ndarray, min_bytes: int = 0
+    ) -> Optional[tuple[list[bytes], list[int]]]:
+        """``buffer_digests_together`` of one local file's buffers listed by many handles (of many
+        subtasks) at once: buffer i at ``source.offsets[i]`` is held by ``owners[i]``. Returns the
+        digests of the buffers of at least ``min_bytes`` in file order, and each one's owner; None
+        where the file is not local, or a buffer does not read or two overlap."""
+        if source.inline is not None or source.location is None or not self._is_local(source.location):
+            return None
+        try:
+            data, _ = self._data(source)
+        except CheckpointFormatError:
+            return None
+        offsets = np.asarray(source.offsets, dtype=np.int64)
+        order = np.argsort(offsets, kind="stable")
+        offsets = offsets[order]
+        if not len(offsets) or offsets[0] < len(HEADER):
+            return None if len(offsets) else ([], [])
+        try:
+            sizes = np.frombuffer(_framing.lengths(data, offsets), dtype=np.int64)
+        except ValueError:
+            return None
+        large = sizes >= min_bytes
+        found = _digests(data, offsets[large].tolist(), sizes[large].tolist(), min_bytes)
+        return found, np.asarray(owners)[order][large].tolist()
+
     def buffers(self, source: BufferSource) -> list[bytes]:
         """The payloads of the source's buffers, one by one."""
         stream, lengths = self.payload_and_lengths(source)

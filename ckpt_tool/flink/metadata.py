@@ -29,11 +29,13 @@ from ckpt_tool.flink.model import (
     ByteStreamHandle,
     ChangelogBackendHandle,
     ChangelogStreamHandle,
+    ChannelColumns,
     ChannelStateHandle,
     CheckpointMetadata,
     EmptySegmentFileHandle,
     FileHandle,
     HandleAndLocalPath,
+    HandleFiles,
     IncrementalKeyedHandle,
     InMemoryChangelogHandle,
     KeyGroupsHandle,
@@ -46,6 +48,7 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
     StateChange,
     SubtaskState,
+    columns_opened,
     uniform_merged_channels,
 )
 
@@ -639,9 +642,13 @@ def merging_gains(metadata: CheckpointMetadata) -> bool:
     for op in metadata.operators:
         for s in op.subtasks:
             for handles in (s.input_channels, s.output_channels):
-                if len({id(handle.delegate) for handle in handles}) < len(handles):
+                # columns: ckpt places them only in files of its own, which nothing else references
+                if any(isinstance(c, ChannelColumns) and len(np.unique(c.file)) < c.channel_count for c in handles):
                     return True
-                if any(isinstance(handle, MergedChannelStateHandle) and handle.channel_count > 1 for handle in handles):
+                others = [h for h in handles if not isinstance(h, ChannelColumns)]
+                if len({id(handle.delegate) for handle in others}) < len(others):
+                    return True
+                if any(isinstance(handle, MergedChannelStateHandle) and handle.channel_count > 1 for handle in others):
                     return True
     return False
 
@@ -661,20 +668,31 @@ def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
         )
     for op in metadata.operators:
         for s in op.subtasks:
-            if form == PLAIN:
-                s.input_channels = list[AnyChannelHandle](s.channel_handles(INPUT))
-                s.output_channels = list[AnyChannelHandle](s.channel_handles(OUTPUT))
+            if form == PLAIN:  # columns are plain handles already
+                s.input_channels = _opened_up(s.input_channels)
+                s.output_channels = _opened_up(s.output_channels)
             else:
                 s.input_channels = list[AnyChannelHandle](merge_channel_handles(s.input_channels))
                 s.output_channels = list[AnyChannelHandle](merge_channel_handles(s.output_channels))
+
+
+def _opened_up(handles: Sequence[AnyChannelHandle]) -> list[AnyChannelHandle]:
+    """Merged handles as their channels' plain handles; plain ones and columns as they are."""
+    result: list[AnyChannelHandle] = []
+    for handle in handles:
+        if isinstance(handle, MergedChannelStateHandle):
+            result += handle.channels
+        else:
+            result.append(handle)
+    return result
 
 
 def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedChannelStateHandle]:
     """``handles`` (plain or merged, of one direction) as merged handles: one per subtask index and
     delegate (by identity: the channels of one file share its handle object). A merged handle
     that nothing joins is kept as it is, undecoded."""
-    groups: dict[tuple[int, int], list[AnyChannelHandle]] = {}
-    for handle in handles:
+    groups: dict[tuple[int, int], list[ChannelStateHandle | MergedChannelStateHandle]] = {}
+    for handle in columns_opened(handles):
         groups.setdefault((handle.subtask_index, id(handle.delegate)), []).append(handle)
     result = []
     for (subtask, _), members in groups.items():
@@ -706,12 +724,31 @@ def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedCha
     return result
 
 
+class _SerializedFiles:
+    """Serialized stream handles by index, grouped by length: ``row[i]`` is handle i's row in the
+    matrix of its length ``lengths[i]``."""
+
+    def __init__(self, serialized: list[bytes]) -> None:
+        self.lengths = np.array([len(b) for b in serialized], dtype=np.int64)
+        self.row = np.zeros(len(serialized), dtype=np.int64)
+        self._matrices: dict[int, np.ndarray] = {}
+        for length in np.unique(self.lengths).tolist():
+            members = np.flatnonzero(self.lengths == length)
+            self.row[members] = np.arange(len(members))
+            joined = b"".join(serialized[i] for i in members.tolist())
+            self._matrices[length] = np.frombuffer(joined, dtype=np.uint8).reshape(len(members), length)
+
+    def matrix(self, length: int) -> np.ndarray:
+        return self._matrices[length]
+
+
 class _MetadataWriter:
     def __init__(self, writer: JavaWriter, version: int, chunk_size: int = 0):
         self.w = writer
         self.version = version
         # file handles written, serialized, by identity: the channel handles of one file share one
         self._files: dict[int, tuple[object, bytes]] = {}
+        self._column_files: dict[int, tuple[object, _SerializedFiles]] = {}  # the same, for columns' files
         self.chunk_size = chunk_size  # the buffer is cut into ``chunks`` of this size, 0: never
         self.chunks: list[bytes] = []
 
@@ -780,7 +817,7 @@ class _MetadataWriter:
         self.keyed_handle(s.managed_keyed)
         self.keyed_handle(s.raw_keyed)
         for channels in (s.input_channels, s.output_channels):
-            w.i32(len(channels))
+            w.i32(sum(h.channel_count if isinstance(h, ChannelColumns) else 1 for h in channels))
             self.channel_handles(channels)
 
     def stream_handle(self, h) -> None:
@@ -915,6 +952,9 @@ class _MetadataWriter:
         packs = {count: _PLAIN_CHANNEL[(tagged, count)].pack for count in range(9)}
         tags = {direction: (CHANNEL_TAGS[(direction, False)],) if tagged else () for direction in (INPUT, OUTPUT)}
         for h in handles:
+            if type(h) is ChannelColumns:
+                w.buffer += self.channel_columns(h)
+                continue
             if type(h) is ChannelStateHandle and len(h.offsets) <= 8:
                 delegate = h.delegate
                 known = files.get(id(delegate))
@@ -925,6 +965,63 @@ class _MetadataWriter:
                     buffer += known[1]
                     continue
             self.channel_handle(h)
+
+    def channel_columns(self, h: ChannelColumns) -> bytes:
+        """The plain handles of ``h``, serialized with NumPy: the rows of each buffer count and
+        file-handle length as one structured array, put in place at their rows' positions."""
+        serialized = self._files_of(h.files)
+        head: list[tuple[str, str]] = [("tag", "u1")] if self.version >= 6 else []
+        head += [("subtask", ">i4"), ("gate", ">i4"), ("channel", ">i4"), ("count", ">i4")]
+        counts = np.diff(h.bounds)
+        lengths = serialized.lengths[h.file]
+        classes = counts * (1 << 32) + lengths
+        kinds = np.unique(classes)
+        row_sizes = (17 if self.version >= 6 else 16) + 8 * counts + 8 + lengths
+        if len(kinds) == 1:
+            out = None
+            rows = np.arange(len(counts))
+        else:
+            ends = np.cumsum(row_sizes)
+            out = np.empty(int(ends[-1]), dtype=np.uint8)
+            starts = ends - row_sizes
+        for kind in kinds.tolist():
+            count, length = kind >> 32, kind & 0xFFFFFFFF
+            if out is not None:
+                rows = np.flatnonzero(classes == kind)
+            fields = head + ([("offsets", ">i8", (count,))] if count else []) + [("size", ">i8"), ("file", "u1", (length,))]
+            table = np.empty(len(rows), dtype=np.dtype(fields))
+            if self.version >= 6:
+                table["tag"] = CHANNEL_TAGS[(h.direction, False)]
+            table["subtask"] = h.subtask_index
+            table["gate"] = h.gate[rows]
+            table["channel"] = h.channel[rows]
+            table["count"] = count
+            if count:
+                table["offsets"] = h.offsets[h.bounds[rows][:, None] + np.arange(count)]
+            table["size"] = h.size[rows]
+            files = h.file[rows]
+            table["file"] = serialized.matrix(length)[serialized.row[files]]
+            if out is None:
+                return table.tobytes()
+            width = table.dtype.itemsize
+            out[(starts[rows][:, None] + np.arange(width)).ravel()] = table.view(np.uint8)
+        return b"" if out is None else out.tobytes()
+
+    def _files_of(self, files) -> _SerializedFiles:
+        """The serialized handles of ``files`` (a ``HandleFiles``), once per object."""
+        known = self._column_files.get(id(files))
+        if known is None or known[0] is not files:
+            outer = self.w
+            serialized = []
+            try:
+                for handle in files.handles:
+                    self.w = JavaWriter()
+                    self.stream_handle(handle)
+                    serialized.append(self.w.getvalue())
+            finally:
+                self.w = outer
+            known = self._column_files[id(files)] = (files, _SerializedFiles(serialized))
+        return known[1]
 
     def channel_handle(self, h) -> None:
         """One channel handle, field by field (``channel_handles`` packs the common ones at once)."""
@@ -997,6 +1094,7 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
 
     # channel delegates done, by identity (the channels of one file share one); each kept, so that its id stays its own
     replaced: dict[int, tuple] = {}
+    tables: list[HandleFiles] = []  # the files of columns, done
 
     for op in metadata.operators:
         if enter:
@@ -1011,10 +1109,22 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
             keyed(s.managed_keyed)
             keyed(s.raw_keyed)
             for ch in s.input_channels + s.output_channels:  # (``shared``, inline: p² of them at parallelism p)
+                if isinstance(ch, ChannelColumns):
+                    if not any(files is ch.files for files in tables):  # the files of every subtask's columns, once
+                        tables.append(ch.files)
+                        ch.files.handles = [_replaced(h, replaced, stream) for h in ch.files.handles]
+                    continue
                 done = replaced.get(id(ch.delegate))
                 if done is None:
                     done = replaced[id(ch.delegate)] = (ch.delegate, stream(ch.delegate))
                 ch.delegate = done[1]  # a merged handle's channels decode with its delegate
+
+
+def _replaced(h, replaced: dict[int, tuple], stream):
+    done = replaced.get(id(h))
+    if done is None:
+        done = replaced[id(h)] = (h, stream(h))
+    return done[1]
 
 
 def iter_stream_handles(metadata: CheckpointMetadata) -> list:

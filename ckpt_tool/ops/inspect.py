@@ -32,6 +32,7 @@ from ckpt_tool.flink.model import (
     MergedChannelStateHandle,
     OperatorState,
     SubtaskState,
+    columns_opened,
     uniform_merged_channels,
 )
 from ckpt_tool.session import Session
@@ -337,7 +338,7 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
         rows = []
         for direction in (INPUT, OUTPUT):
             row = _CHANNEL_ROWS[direction]
-            for handle in subtask.input_channels if direction == INPUT else subtask.output_channels:
+            for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
                 delegate = handle.delegate
                 known = files.get(id(delegate))
                 if known is None or known[0] is not delegate:
@@ -459,7 +460,7 @@ def files_summary(checkpoint: Checkpoint) -> FilesSummary:
     owners: dict[str, set] = defaultdict(set)
     for op in checkpoint.metadata.operators:
         for s in op.subtasks:
-            for h in s.input_channels + s.output_channels:
+            for h in columns_opened(s.input_channels + s.output_channels):
                 location = checkpoint.location(h.delegate)
                 if location:
                     owners[location].add((op.id_hex, s.index))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any, Optional
 
 import numpy as np
@@ -29,7 +30,9 @@ from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
     ByteStreamHandle,
+    FileHandle,
     MergedChannelStateHandle,
+    RelativeFileHandle,
     uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
@@ -126,6 +129,10 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
         digests: dict[bytes, set[int]] = defaultdict(set)
+        # plain handles in local files, by direction and file, across the subtasks: read file by
+        # file (ckpt's rescale writes a file per new channel, for all subtasks, so that a subtask's
+        # p handles lie in p files: opened subtask by subtask, each file was opened p times)
+        in_files: dict[tuple[str, int], tuple[Any, list[int], list]] = {}
         for s in op.subtasks:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
@@ -149,10 +156,18 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                             handles.problems.append(
                                 Problem("channel-handles", f"handle names subtask {h.subtask_index}", op.label, s.index, channel)
                             )
-                        if files_ok or isinstance(h.delegate, ByteStreamHandle):
+                        if isinstance(h.delegate, (RelativeFileHandle, FileHandle)) and files_ok:
+                            key = (direction, id(h.delegate))
+                            group = in_files.get(key)
+                            if group is None or group[0] is not h.delegate:
+                                group = in_files[key] = (h.delegate, [], [])
+                            group[1].append(s.index)
+                            group[2].append(h)
+                        elif files_ok or isinstance(h.delegate, ByteStreamHandle):
                             readable.append(h)
                     for found in _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index):
                         digests[found + suffix].add(s.index)
+        _file_digests(cp, in_files, digests, buffers.problems, op.label)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
             replicas.problems.append(
@@ -193,6 +208,36 @@ def _merged_digests(cp: Checkpoint, reader: ChannelStateReader, subtask, directi
             return None
         found += together
     return found
+
+
+def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
+    """``_buffer_digests`` of plain handles grouped by file across subtasks (``in_files``: per
+    direction and file, the file's handle, and each handle with its subtask), into ``digests``:
+    a local file's in one pass; each handle on its own where that does not read (naming it)."""
+    by_location: dict[tuple[str, Optional[str]], list[tuple[list[int], list]]] = defaultdict(list)
+    for (direction, _), (delegate, subtasks, handles) in in_files.items():
+        by_location[(direction, cp.location(delegate))].append((subtasks, handles))
+    with ChannelStateReader() as reader:
+        for (direction, _), groups in by_location.items():
+            suffix = direction.encode()
+            handles = [h for _, members in groups for h in members]
+            subtasks = [s for owners, _ in groups for s in owners]
+            counts = np.fromiter((len(h.offsets) for h in handles), dtype=np.int64, count=len(handles))
+            owners = np.repeat(np.arange(len(handles)), counts)
+            offsets = np.fromiter(chain.from_iterable(h.offsets for h in handles), dtype=np.int64, count=int(counts.sum()))
+            source = BufferSource.in_delegate(cp, handles[0].delegate, offsets.tolist())
+            together = reader.buffer_digests_owned(source, owners, REPLICA_MIN_BUFFER_BYTES)
+            if together is not None:
+                for found, owner in zip(*together):
+                    digests[found + suffix].add(subtasks[owner])
+                continue
+            for subtask, handle in zip(subtasks, handles):
+                try:
+                    for found in reader.buffer_digests(BufferSource.of(cp, handle), REPLICA_MIN_BUFFER_BYTES):
+                        digests[found + suffix].add(subtask)
+                except CkptError as exc:
+                    channel = _channel_name(direction, handle)
+                    problems.append(Problem("channel-state", str(exc), op, subtask, channel))
 
 
 def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, direction: str, problems: list, op, subtask):
