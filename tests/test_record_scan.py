@@ -45,3 +45,25 @@ def test_one_process_per_core_gives_the_same_figures(fixture):
     from ckpt_tool.engine import LocalEngine
 
     assert scan(fixture, LocalEngine(workers=2)) == scan(fixture, LocalEngine())
+
+
+def test_blocks_read_together_and_scanned_apart_give_the_same_figures(fixture, monkeypatch):
+    """A scan reads rows READ_TOGETHER_BYTES at a time (each file once for them) and scans them
+    TOGETHER_BYTES at a time: with both small, so that a read holds many scanned blocks and a
+    block many reads, the figures are those of the default sizes; and where a read fails, each
+    of its blocks is scanned channel by channel, with the same figures."""
+    from ckpt_tool.engine import tasks
+
+    expected = scan(fixture, LocalEngine())
+    for read_bytes, block_bytes in ((4096, 512), (512, 4096), (1, 1)):
+        monkeypatch.setattr(tasks, "READ_TOGETHER_BYTES", read_bytes)
+        monkeypatch.setattr(tasks, "TOGETHER_BYTES", block_bytes)
+        assert scan(fixture, LocalEngine()) == expected, (read_bytes, block_bytes)
+    monkeypatch.setattr(tasks, "READ_TOGETHER_BYTES", 1 << 20)
+    monkeypatch.setattr(tasks, "TOGETHER_BYTES", 4096)
+
+    def unreadable(*_):
+        raise tasks.CkptError("not read together")
+
+    monkeypatch.setattr(tasks, "read_rows", unreadable)
+    assert scan(fixture, LocalEngine()) == expected

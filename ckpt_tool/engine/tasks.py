@@ -128,6 +128,10 @@ def scan_channel(
 # processor's caches and its buffers in reused memory (one pass over 64 MiB of large channels was
 # 1.5 to 3 times slower than channel by channel).
 TOGETHER_BYTES = 1 << 20
+# Blocks are read this many bytes at a time (each file once for all of them): the p channels of a
+# subtask of ckpt's rescale's output lie in p files, so that a read per 1 MiB block opened and
+# mapped each file again (at p=4,096 dense, millions of times).
+READ_TOGETHER_BYTES = 8 << 20
 # A route task of at most this many bytes is routed first, then written at once where each of its new
 # channels fits in a buffer (``small_channels_file``): the many small tasks of a job at high parallelism
 # (a few KiB to a few hundred). Larger ones stream their file as they route.
@@ -137,7 +141,7 @@ SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads 
 
 def _blocks(tasks: list[ChannelTask]) -> list[list[ChannelTask]]:
     """Consecutive runs of ``tasks`` of at most ``TOGETHER_BYTES`` (a larger channel alone)."""
-    return [tasks[start:stop] for start, stop in _row_blocks([task.size for task in tasks], 0)]
+    return [tasks[start:stop] for start, stop in _row_blocks([task.size for task in tasks], 0, TOGETHER_BYTES)]
 
 
 def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
@@ -167,13 +171,13 @@ def _all_local(table: ChannelTable) -> bool:
     return all(location is not None and inline is None and is_local(location) for location, inline, _, _ in table.files)
 
 
-def _row_blocks(sizes: list[int], start: int) -> list[tuple[int, int]]:
-    """Runs of consecutive rows (from ``start``, of these sizes) of at most ``TOGETHER_BYTES`` (a
+def _row_blocks(sizes: list[int], start: int, limit: int) -> list[tuple[int, int]]:
+    """Runs of consecutive rows (from ``start``, of these sizes) of at most ``limit`` bytes (a
     larger row alone), as (start, stop)."""
     blocks: list[tuple[int, int]] = []
-    held, first = TOGETHER_BYTES, start
+    held, first = limit, start
     for row, size in enumerate(sizes, start):
-        if held + size > TOGETHER_BYTES:
+        if held + size > limit:
             if row > first:
                 blocks.append((first, row))
             first, held = row, 0
@@ -191,25 +195,33 @@ def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
         for run_start, run_stop in zip(runs[:-1], runs[1:]):
             exchange_index = int(index[run_start])
             exchange = exchanges[exchange_index]
-            for start, stop in _row_blocks(table.size[run_start:run_stop].tolist(), run_start):
+            for read_start, read_stop in _row_blocks(table.size[run_start:run_stop].tolist(), run_start, READ_TOGETHER_BYTES):
                 try:
-                    framed, input_buffers, output_buffers = read_rows(reader, table, start, stop)
-                    parts.append(
-                        _scan_framed(
-                            framed,
-                            exchange,
-                            exchange_index,
-                            table.upstream[start:stop].astype(np.int64),
-                            table.downstream[start:stop].astype(np.int64),
-                            input_buffers,
-                            output_buffers,
-                            table.max_parallelism[exchange_index],
-                            table.parallelism[exchange_index],
-                        )
-                    )
+                    read: Optional[tuple] = read_rows(reader, table, read_start, read_stop)
                 except CkptError:
-                    channels = table.tasks(start, stop)
-                    parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels]))
+                    read = None  # each block channel by channel, which names what does not read
+                for start, stop in _row_blocks(table.size[read_start:read_stop].tolist(), read_start, TOGETHER_BYTES):
+                    try:
+                        if read is None:
+                            raise CkptError("not read together")
+                        framed, input_buffers, output_buffers = read
+                        a, b = start - read_start, stop - read_start
+                        parts.append(
+                            _scan_framed(
+                                framed.part(a, b),
+                                exchange,
+                                exchange_index,
+                                table.upstream[start:stop].astype(np.int64),
+                                table.downstream[start:stop].astype(np.int64),
+                                input_buffers[a:b],
+                                output_buffers[a:b],
+                                table.max_parallelism[exchange_index],
+                                table.parallelism[exchange_index],
+                            )
+                        )
+                    except CkptError:
+                        channels = table.tasks(start, stop)
+                        parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels]))
     return ScanColumns.concatenate(parts)
 
 

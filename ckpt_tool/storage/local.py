@@ -200,9 +200,15 @@ class LocalFileIO(FileIO):
 
 
 def _open_beneath(uri: str, path: str, root: str) -> int:
-    """Open ``path``, which is named below ``root``, only where it really is below ``root``: its
-    links are resolved once, then each component of what they resolve to is opened from ``root``
-    with ``O_NOFOLLOW``, so nothing swapped in later is followed."""
+    """Open ``path``, which is named below ``root``, only where it really is below ``root``: each
+    of its components is opened from ``root`` with ``O_NOFOLLOW``, so no link is followed (the
+    common case, without resolving the path: a rescale's output is read a file per channel); where
+    one is a link, the path's links are resolved once, then each component of what they resolve to
+    is opened so, and nothing swapped in later is followed."""
+    if path != root:
+        fd = _open_components(root, path[len(root.rstrip("/")) + 1 :].split("/"))
+        if fd is not None:
+            return fd
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
     if not within(real, real_root):
@@ -221,5 +227,23 @@ def _open_beneath(uri: str, path: str, root: str) -> int:
         now = os.path.realpath(path)  # a component became a link since it was resolved
         where = f"to {now}, outside {root}" if not within(now, real_root) else f"inside {root}"
         raise StorageError(f"{uri} became a symbolic link {where} while ckpt read it: refused") from exc
+    finally:
+        os.close(directory)
+
+
+def _open_components(root: str, parts: list[str]) -> Optional[int]:
+    """``parts`` (a relative path's components) opened one by one from ``root``, none followed if
+    it is a link; None where one is a link (or a link to something that is not a directory)."""
+    directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], READ_FLAGS | os.O_NOFOLLOW, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None
+        raise
     finally:
         os.close(directory)
