@@ -213,22 +213,12 @@ def _open_beneath(uri: str, path: str, root: str) -> int:
     real = os.path.realpath(path)
     if not within(real, real_root):
         raise StorageError(f"{uri} is a symbolic link to {real}, outside {root}: refused")
-    parts = os.path.relpath(real, real_root).split("/")
-    directory = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
-            os.close(directory)
-            directory = inner
-        return os.open(parts[-1], READ_FLAGS | os.O_NOFOLLOW, dir_fd=directory)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
+    fd = _open_components(real_root, os.path.relpath(real, real_root).split("/"))
+    if fd is None:
         now = os.path.realpath(path)  # a component became a link since it was resolved
         where = f"to {now}, outside {root}" if not within(now, real_root) else f"inside {root}"
-        raise StorageError(f"{uri} became a symbolic link {where} while ckpt read it: refused") from exc
-    finally:
-        os.close(directory)
+        raise StorageError(f"{uri} became a symbolic link {where} while ckpt read it: refused")
+    return fd
 
 
 def _open_components(root: str, parts: list[str]) -> Optional[int]:
