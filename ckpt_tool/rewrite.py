@@ -380,11 +380,11 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
     rows in (gate, channel) order, over the files in the order routed. A job at parallelism p gets
     p² of them (9.4 million from 4,096 to 3,072), as columns (about 40 bytes a handle) instead of
     objects (about 160)."""
-    if not routed:
+    counts = np.array([len(r.placed) for r in routed], dtype=np.int64)
+    if not counts.sum():  # nothing routed, or only files that place no channel: no new handle
         return {}
     files = HandleFiles([RelativeFileHandle(r.file_name, r.file_size) for r in routed])
     operators = {op_id: i for i, op_id in enumerate(dict.fromkeys(e.downstream_id for e in rescaled))}
-    counts = np.array([len(r.placed) for r in routed], dtype=np.int64)
     file = np.repeat(np.arange(len(routed), dtype=np.int32), counts)
     operator = np.repeat(np.array([operators[rescaled[r.exchange_index].downstream_id] for r in routed], dtype=np.int32), counts)
     gate = np.repeat(np.array([rescaled[r.exchange_index].gate for r in routed], dtype=np.int32), counts)
