@@ -41,13 +41,12 @@ from ckpt_tool.flink.model import (
     OUTPUT,
     AnyChannelHandle,
     ChannelColumns,
-    ChannelStateHandle,
     CheckpointMetadata,
     HandleFiles,
-    MergedChannelStateHandle,
     OperatorState,
     RelativeFileHandle,
     SubtaskState,
+    channels_of,
 )
 from ckpt_tool.memory import release_memory
 from ckpt_tool.planning import RescalePlan
@@ -443,10 +442,7 @@ def _handles_on(s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: 
     of one of their names), as columns: the routed file, the channel, the buffer count, and the
     buffers' offsets (each handle's in turn). Plain handles first, then each ``ChannelColumns``."""
     result: list[tuple[np.ndarray, ...]] = []
-    plain = [h for h in s.input_channels if isinstance(h, ChannelStateHandle) and h.info[0] == gate]
-    for merged in s.input_channels:
-        if isinstance(merged, MergedChannelStateHandle) and gate in merged.gates:
-            plain += [ch for ch in merged.channels if ch.info[0] == gate]
+    plain = channels_of([h for h in s.input_channels if not isinstance(h, ChannelColumns)], gate)
     # only a RelativeFileHandle has a relative path: the files ckpt wrote are referenced so
     in_file = [file_of.get(getattr(h.delegate, "relative_path", ""), -1) for h in plain]
     ours = [h for h, f in zip(plain, in_file) if f >= 0]

@@ -201,13 +201,12 @@ def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
                 except CkptError:
                     read = None  # each block channel by channel, which names what does not read
                 for start, stop in _row_blocks(table.size[read_start:read_stop].tolist(), read_start, TOGETHER_BYTES):
-                    try:
-                        if read is None:
-                            raise CkptError("not read together")
+                    scanned = None
+                    if read is not None:
                         framed, input_buffers, output_buffers = read
                         a, b = start - read_start, stop - read_start
-                        parts.append(
-                            _scan_framed(
+                        try:
+                            scanned = _scan_framed(
                                 framed.part(a, b),
                                 exchange,
                                 exchange_index,
@@ -218,10 +217,12 @@ def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
                                 table.max_parallelism[exchange_index],
                                 table.parallelism[exchange_index],
                             )
-                        )
-                    except CkptError:
+                        except CkptError:
+                            pass  # channel by channel, below
+                    if scanned is None:
                         channels = table.tasks(start, stop)
-                        parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels]))
+                        scanned = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels])
+                    parts.append(scanned)
     return ScanColumns.concatenate(parts)
 
 

@@ -176,23 +176,12 @@ class ChannelStateReader:
         those of at least ``min_bytes``. None where they do not, or where a buffer does not read or
         two overlap (then each source, on its own, says which)."""
         first = sources[0]
-        if first.inline is not None or first.location is None or not self._is_local(first.location):
-            return None
         if any(s.location != first.location or s.segment != first.segment or s.inline is not None for s in sources[1:]):
             return None
-        try:
-            data, _ = self._data(first)
-        except CheckpointFormatError:
-            return None
-        offsets = np.sort(np.fromiter(chain.from_iterable(s.offsets for s in sources), dtype=np.int64))
-        if not len(offsets) or offsets[0] < len(HEADER):
-            return None if len(offsets) else []
-        try:
-            sizes = np.frombuffer(_framing.lengths(data, offsets), dtype=np.int64)
-        except ValueError:
-            return None
-        large = sizes >= min_bytes
-        return _digests(data, offsets[large].tolist(), sizes[large].tolist(), min_bytes)
+        offsets = list(chain.from_iterable(s.offsets for s in sources))
+        joined = BufferSource(first.location, first.inline, first.segment, offsets, first.beneath)
+        owned = self.buffer_digests_owned(joined, np.zeros(len(offsets), dtype=np.int64), min_bytes)
+        return None if owned is None else owned[0]
 
     def buffer_digests_owned(
         self, source: BufferSource, owners: np.ndarray, min_bytes: int = 0

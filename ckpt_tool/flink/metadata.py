@@ -49,6 +49,7 @@ from ckpt_tool.flink.model import (
     StateChange,
     SubtaskState,
     columns_opened,
+    opened_up,
     uniform_merged_channels,
 )
 
@@ -669,22 +670,11 @@ def set_channel_handle_form(metadata: CheckpointMetadata, form: str) -> None:
     for op in metadata.operators:
         for s in op.subtasks:
             if form == PLAIN:  # columns are plain handles already
-                s.input_channels = _opened_up(s.input_channels)
-                s.output_channels = _opened_up(s.output_channels)
+                s.input_channels = opened_up(s.input_channels, MergedChannelStateHandle)
+                s.output_channels = opened_up(s.output_channels, MergedChannelStateHandle)
             else:
                 s.input_channels = list[AnyChannelHandle](merge_channel_handles(s.input_channels))
                 s.output_channels = list[AnyChannelHandle](merge_channel_handles(s.output_channels))
-
-
-def _opened_up(handles: Sequence[AnyChannelHandle]) -> list[AnyChannelHandle]:
-    """Merged handles as their channels' plain handles; plain ones and columns as they are."""
-    result: list[AnyChannelHandle] = []
-    for handle in handles:
-        if isinstance(handle, MergedChannelStateHandle):
-            result += handle.channels
-        else:
-            result.append(handle)
-    return result
 
 
 def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedChannelStateHandle]:
@@ -976,11 +966,11 @@ class _MetadataWriter:
         lengths = serialized.lengths[h.file]
         classes = counts * (1 << 32) + lengths
         kinds = np.unique(classes)
-        row_sizes = (17 if self.version >= 6 else 16) + 8 * counts + 8 + lengths
         if len(kinds) == 1:
             out = None
             rows = np.arange(len(counts))
         else:
+            row_sizes = (17 if self.version >= 6 else 16) + 8 * counts + 8 + lengths
             ends = np.cumsum(row_sizes)
             out = np.empty(int(ends[-1]), dtype=np.uint8)
             starts = ends - row_sizes
@@ -1011,16 +1001,8 @@ class _MetadataWriter:
         """The serialized handles of ``files`` (a ``HandleFiles``), once per object."""
         known = self._column_files.get(id(files))
         if known is None or known[0] is not files:
-            outer = self.w
-            serialized = []
-            try:
-                for handle in files.handles:
-                    self.w = JavaWriter()
-                    self.stream_handle(handle)
-                    serialized.append(self.w.getvalue())
-            finally:
-                self.w = outer
-            known = self._column_files[id(files)] = (files, _SerializedFiles(serialized))
+            serialized = _SerializedFiles([self._handle_bytes(handle) for handle in files.handles])
+            known = self._column_files[id(files)] = (files, serialized)
         return known[1]
 
     def channel_handle(self, h) -> None:
@@ -1054,15 +1036,22 @@ class _MetadataWriter:
         if not isinstance(h, (FileHandle, RelativeFileHandle)):
             self.stream_handle(h)
             return
-        known = self._files.get(id(h))
+        self.w.buffer += self._handle_bytes(h)
+
+    def _handle_bytes(self, h) -> bytes:
+        """``stream_handle(h)`` on its own, as bytes; a file handle's serialized once (by identity)."""
+        shared = isinstance(h, (FileHandle, RelativeFileHandle))
+        known = self._files.get(id(h)) if shared else None
         if known is None or known[0] is not h:
             outer, self.w = self.w, JavaWriter()
             try:
                 self.stream_handle(h)
-                known = self._files[id(h)] = (h, self.w.getvalue())
+                known = (h, self.w.getvalue())
             finally:
                 self.w = outer
-        self.w.buffer += known[1]
+            if shared:
+                self._files[id(h)] = known
+        return known[1]
 
 
 def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> None:
@@ -1114,13 +1103,11 @@ def map_stream_handles(metadata: CheckpointMetadata, replace, enter=None) -> Non
                         tables.append(ch.files)
                         ch.files.handles = [_replaced(h, replaced, stream) for h in ch.files.handles]
                     continue
-                done = replaced.get(id(ch.delegate))
-                if done is None:
-                    done = replaced[id(ch.delegate)] = (ch.delegate, stream(ch.delegate))
-                ch.delegate = done[1]  # a merged handle's channels decode with its delegate
+                ch.delegate = _replaced(ch.delegate, replaced, stream)  # a merged handle's channels decode with its delegate
 
 
 def _replaced(h, replaced: dict[int, tuple], stream):
+    """``stream(h)``, once per handle object (``replaced`` keeps each, by identity)."""
     done = replaced.get(id(h))
     if done is None:
         done = replaced[id(h)] = (h, stream(h))

@@ -372,17 +372,38 @@ class ChannelColumns:
         return self.handles_at(range(len(self.gate)))
 
 
-def columns_opened(handles: Sequence[AnyChannelHandle]) -> list[Union[ChannelStateHandle, MergedChannelStateHandle]]:
-    """``handles`` with each ``ChannelColumns`` as its handles (the reader makes none: only ckpt's
-    rescale places them, in metadata it writes)."""
-    if not any(isinstance(h, ChannelColumns) for h in handles):
-        return list(handles)  # type: ignore[arg-type]
-    result: list[Union[ChannelStateHandle, MergedChannelStateHandle]] = []
+def opened_up(handles: Sequence[AnyChannelHandle], kind) -> list[AnyChannelHandle]:
+    """``handles`` with each one of ``kind`` (a class, or a tuple of them: merged handles, columns)
+    as its channels' plain handles, the others as they are."""
+    result: list[AnyChannelHandle] = []
     for h in handles:
-        if isinstance(h, ChannelColumns):
+        if isinstance(h, kind):
             result += h.channels
         else:
             result.append(h)
+    return result
+
+
+def columns_opened(handles: Sequence[AnyChannelHandle]) -> list[Union[ChannelStateHandle, MergedChannelStateHandle]]:
+    """``handles`` with each ``ChannelColumns`` as its handles (the reader makes none: only ckpt's
+    rescale places them, in metadata it writes)."""
+    return opened_up(handles, ChannelColumns)  # type: ignore[return-value]
+
+
+def channels_of(handles: Sequence[AnyChannelHandle], gate: int) -> list[ChannelStateHandle]:
+    """The per-channel handles of one gate (input) or partition (output) among ``handles``: merged
+    handles that hold none of its channels are not decoded, columns make only its rows' handles."""
+    result: list[ChannelStateHandle] = []
+    for handle in handles:
+        if isinstance(handle, ChannelStateHandle):
+            if handle.info[0] == gate:
+                result.append(handle)
+        elif isinstance(handle, ChannelColumns):
+            result.extend(handle.handles_at(handle.rows_on(gate).tolist()))
+        elif handle.gates == (gate,):
+            result.extend(handle.channels)
+        elif gate in handle.gates:
+            result.extend(ch for ch in handle.channels if ch.info[0] == gate)
     return result
 
 
@@ -481,32 +502,13 @@ class SubtaskState:
         return result
 
     def channels_on(self, direction: str, gate: int) -> list[ChannelStateHandle]:
-        """The per-channel handles of one gate (input) or partition (output): merged handles that
-        hold none of its channels are not decoded."""
-        handles = self.input_channels if direction == INPUT else self.output_channels
-        result: list[ChannelStateHandle] = []
-        for handle in handles:
-            if isinstance(handle, ChannelStateHandle):
-                if handle.info[0] == gate:
-                    result.append(handle)
-            elif isinstance(handle, ChannelColumns):
-                result.extend(handle.handles_at(handle.rows_on(gate).tolist()))
-            elif handle.gates == (gate,):
-                result.extend(handle.channels)
-            elif gate in handle.gates:
-                result.extend(ch for ch in handle.channels if ch.info[0] == gate)
-        return result
+        """The per-channel handles of one gate (input) or partition (output) (``channels_of``)."""
+        return channels_of(self.input_channels if direction == INPUT else self.output_channels, gate)
 
     def channel_handles(self, direction: str) -> list[ChannelStateHandle]:
         """The per-channel handles of one direction, merged handles (and columns) opened up."""
         handles = self.input_channels if direction == INPUT else self.output_channels
-        result: list[ChannelStateHandle] = []
-        for handle in handles:
-            if not isinstance(handle, ChannelStateHandle):
-                result.extend(handle.channels)
-            else:
-                result.append(handle)
-        return result
+        return opened_up(handles, (MergedChannelStateHandle, ChannelColumns))  # type: ignore[return-value]
 
 
 @dataclass

@@ -232,12 +232,8 @@ def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list,
                     digests[found + suffix].add(subtasks[owner])
                 continue
             for subtask, handle in zip(subtasks, handles):
-                try:
-                    for found in reader.buffer_digests(BufferSource.of(cp, handle), REPLICA_MIN_BUFFER_BYTES):
-                        digests[found + suffix].add(subtask)
-                except CkptError as exc:
-                    channel = _channel_name(direction, handle)
-                    problems.append(Problem("channel-state", str(exc), op, subtask, channel))
+                for found in _digests_alone(cp, reader, handle, BufferSource.of(cp, handle), direction, problems, op, subtask):
+                    digests[found + suffix].add(subtask)
 
 
 def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, direction: str, problems: list, op, subtask):
@@ -255,12 +251,19 @@ def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, d
             found += together
             continue
         for handle, source in members:
-            try:
-                found += reader.buffer_digests(source, REPLICA_MIN_BUFFER_BYTES)
-            except CkptError as exc:
-                channel = _channel_name(direction, handle)
-                problems.append(Problem("channel-state", str(exc), op, subtask, channel))
+            found += _digests_alone(cp, reader, handle, source, direction, problems, op, subtask)
     return found
+
+
+def _digests_alone(cp: Checkpoint, reader: ChannelStateReader, handle, source, direction: str, problems: list, op, subtask):
+    """The digests of one handle's buffers read on its own (at ``source``); none, and a problem
+    named by its channel, where they do not read."""
+    try:
+        return reader.buffer_digests(source, REPLICA_MIN_BUFFER_BYTES)
+    except CkptError as exc:
+        channel = _channel_name(direction, handle)
+        problems.append(Problem("channel-state", str(exc), op, subtask, channel))
+        return []
 
 
 def check_changelog(cp: Checkpoint, files_ok: bool) -> CheckResult:
