@@ -27,7 +27,6 @@ from ckpt_tool.engine.tasks import (
     ATTEMPT,
     ReadBackTask,
     RoutedFile,
-    channel_tasks,
     discard_other_attempts,
     read_back,
     route_batch,
@@ -273,7 +272,7 @@ def _rewrite(session: Session, dst: str, plan: RescalePlan, claim: Optional[Clai
     release_memory()  # the proof's columns, before the metadata's buffer is serialized
     report.exchanges = _routed_figures(staged.rescaled, routed, records_out, staged.metadata)
     report.dropped = _dropped_report(staged.dropped, source, engine)
-    report.files_written = len(routed) + len(staged.files)
+    report.files_written = len({r.file_name for r in routed}) + len(staged.files)
     report.leftovers_removed = len(claim.leftovers_removed)
     discard_other_attempts(dst, staged.task_files, routed)  # the last sweep: an attempt Spark lost track of may write late
     metadata, files, written = staged.metadata, staged.files, frozenset(r.file_name for r in routed)
@@ -340,18 +339,16 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
         report.exchanges = [_scanned_figures(scan, metadata) for scan in scan_exchanges(source, rescaled, engine)]
         report.dropped = _dropped_report(dropped, source, engine)
         return None
-    tasks = route_tasks(channel_tasks(source, rescaled), specs)
-    names = [t.file_name for t in tasks]
+    tasks = route_tasks(source, rescaled, specs)
+    names = tasks.names
     # journaled before any is created: each task's file, and on Spark each attempt's
     claim.will_create(names, [name + ATTEMPT for name in names])
     routed: list[RoutedFile] = [
         written
-        for batch in engine.map_batches(
-            lambda batch: route_batch(batch, specs, dst), tasks, session.progress, [t.size for t in tasks]
-        )
+        for batch in engine.map_batches(lambda batch: route_batch(batch, specs, dst), tasks, session.progress, tasks.sizes)
         for written in batch
     ]
-    del tasks  # their tables of old channels (a copy of every channel's columns) are done with
+    del tasks  # their table of old channels is done with
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
     discard_other_attempts(dst, names, routed)
     report.warnings = list(engine.warnings)
@@ -382,9 +379,10 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
     counts = np.array([len(r.placed) for r in routed], dtype=np.int64)
     if not counts.sum():  # nothing routed, or only files that place no channel: no new handle
         return {}
-    files = HandleFiles([RelativeFileHandle(r.file_name, r.file_size) for r in routed])
+    names, task_file = written_files(routed)
+    files = HandleFiles([RelativeFileHandle(name, size) for name, size in names.items()])
     operators = {op_id: i for i, op_id in enumerate(dict.fromkeys(e.downstream_id for e in rescaled))}
-    file = np.repeat(np.arange(len(routed), dtype=np.int32), counts)
+    file = np.repeat(task_file, counts)
     operator = np.repeat(np.array([operators[rescaled[r.exchange_index].downstream_id] for r in routed], dtype=np.int32), counts)
     gate = np.repeat(np.array([rescaled[r.exchange_index].gate for r in routed], dtype=np.int32), counts)
     channel = np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts)
@@ -410,6 +408,16 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
             INPUT, key[1], gate[view], channel[view], size[view], bounds[lo : hi + 1], offsets, file[view], files
         )
     return result
+
+
+def written_files(routed: list[RoutedFile]) -> tuple[dict[str, int], np.ndarray]:
+    """The files the route tasks wrote (the tasks of an engine task write one together): each
+    name with its size, in the order first routed, and the index of each task's file among them."""
+    names: dict[str, int] = {}
+    for r in routed:
+        names.setdefault(r.file_name, r.file_size)
+    index = {name: i for i, name in enumerate(names)}
+    return names, np.array([index[r.file_name] for r in routed], dtype=np.int32)
 
 
 def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
@@ -474,7 +482,9 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     reads back other records (count or digest) than were routed into it, or a file's bytes are not
     each referenced by exactly one handle. Handles and figures are columns: a rescale at parallelism
     in the thousands writes millions of handles (each column is dropped once done with)."""
-    file_of = {r.file_name: i for i, r in enumerate(routed)}
+    names, routed_file = written_files(routed)
+    file_of = {name: i for i, name in enumerate(names)}
+    sizes, names_list = list(names.values()), list(names)
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
     columns: list[tuple[np.ndarray, ...]] = []  # per subtask and gate: file, exchange, subtask, channel, buffers
     offset_parts: list[np.ndarray] = []  # their buffers' offsets, in that order
@@ -497,7 +507,7 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     del offset_parts
     counts = [len(r.placed) for r in routed]
     wanted = _Handles(
-        np.repeat(np.arange(len(routed), dtype=np.int32), counts),
+        np.repeat(routed_file, counts),
         np.repeat(np.array([r.exchange_index for r in routed], dtype=np.int32), counts),
         np.concatenate([r.placed.subtask.astype(np.int32) for r in routed] or [np.zeros(0, dtype=np.int32)]),
         np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts),
@@ -528,8 +538,8 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     elsewhere = np.flatnonzero(held.file[held_order] != wanted.file[wanted_order])
     if len(elsewhere):
         row = int(held_order[elsewhere[0]])
-        routed_to = routed[int(wanted.file[wanted_order[elsewhere[0]]])].file_name
-        held_in = routed[int(held.file[row])].file_name
+        routed_to = names_list[int(wanted.file[wanted_order[elsewhere[0]]])]
+        held_in = names_list[int(held.file[row])]
         raise problem_at(
             held,
             row,
@@ -538,7 +548,9 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
             routed_to=routed_to,
         )
 
-    del wanted, wanted_keys  # wanted_order pairs each handle with what was routed into it
+    paired = np.empty(len(held_order), dtype=np.int32)  # each handle's routed row
+    paired[held_order] = wanted_order
+    del wanted, wanted_keys, held_order, wanted_order
     # read back each file through its handles (in key order), with the engine
     by_file = np.lexsort((held_keys, held.file))
     del held_keys
@@ -553,36 +565,34 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     np.cumsum(buffers, out=buffer_bounds[1:])
     tasks = []
     for start, stop in zip(file_starts.tolist(), file_stops.tolist()):
-        r = routed[int(held.file[by_file[start]])]
+        at = int(held.file[by_file[start]])
         mine = flat[buffer_bounds[start] : buffer_bounds[stop]]
-        tasks.append(ReadBackTask(r.file_name, join(dst, r.file_name), r.file_size, mine, buffers[start:stop]))
-    records = np.zeros(len(by_file), dtype=np.int64)
-    trailing = np.zeros(len(by_file), dtype=np.int64)
-    digests = np.zeros((len(by_file), 16), dtype=np.uint8)
+        tasks.append(ReadBackTask(names_list[at], join(dst, names_list[at]), sizes[at], mine, buffers[start:stop]))
+    del flat, buffers, buffer_bounds
     backs = session.engine.map(read_back, tasks, sizes=[t.size for t in tasks])
-    for start, stop, back in zip(file_starts.tolist(), file_stops.tolist(), backs):
+    del tasks
+    for start, back in zip(file_starts.tolist(), backs):
         if back.problem:
             raise problem_at(held, int(by_file[start]), "{name}: {problem}", name=back.name, problem=back.problem)
-        rows = by_file[start:stop]
-        records[rows], trailing[rows] = back.records, back.trailing
-        digests[rows] = np.frombuffer(back.digests, dtype=np.uint8).reshape(stop - start, 16)
 
-    # what each handle reads back against what was routed into its channel
+    # what each handle reads back against what was routed into its channel, file by file (each
+    # file's figures dropped once compared); a mismatch is named at the first handle in key order
     routed_records = np.concatenate([r.placed.records for r in routed] or [np.zeros(0, dtype=np.int64)])
     routed_digests = np.concatenate([r.placed.digest_matrix() for r in routed] or [np.zeros((0, 16), dtype=np.uint8)])
-    held_rows, wanted_rows = held_order, wanted_order
-    wrong = np.zeros(len(held_rows), dtype=bool)
-    for start in range(0, len(held_rows), 1 << 20):  # a million handles at a time (the digests' copies)
-        mine, theirs = held_rows[start : start + (1 << 20)], wanted_rows[start : start + (1 << 20)]
-        wrong[start : start + len(mine)] = (
-            (records[mine] != routed_records[theirs])
-            | (trailing[mine] != 0)
-            | (digests[mine] != routed_digests[theirs]).any(axis=1)
-        )
-    if wrong.any():
-        at = int(np.argmax(wrong))
-        row, expected = int(held_rows[at]), int(routed_records[wanted_rows[at]])
-        back_records, left = int(records[row]), int(trailing[row])
+    out = np.zeros(len(rescaled), dtype=np.int64)
+    wrong: list[tuple[int, int, int, int]] = []  # (row, records read back, bytes left over, records routed)
+    for index, (start, stop) in enumerate(zip(file_starts.tolist(), file_stops.tolist())):
+        back, backs[index] = backs[index], None
+        rows = by_file[start:stop]
+        theirs = paired[rows]
+        digests = np.frombuffer(back.digests, dtype=np.uint8).reshape(stop - start, 16)
+        differ = (back.records != routed_records[theirs]) | (back.trailing != 0) | (digests != routed_digests[theirs]).any(axis=1)
+        np.add.at(out, held.exchange[rows], back.records)
+        for at in np.flatnonzero(differ)[:1].tolist():  # rows of a file are in key order
+            wrong.append((int(rows[at]), int(back.records[at]), int(back.trailing[at]), int(routed_records[theirs[at]])))
+    if wrong:
+        keys = _Handles(*(column[[w[0] for w in wrong]] for column in (held.file, held.exchange, held.subtask, held.channel)))
+        row, back_records, left, expected = wrong[int(np.argmin(keys.keys(width_s, width_c)))]
         raise problem_at(
             held,
             row,
@@ -592,8 +602,6 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
             expected=expected,
             differ="" if back_records != expected else ", bytes differ",
         )
-    out = np.zeros(len(rescaled), dtype=np.int64)
-    np.add.at(out, held.exchange, records)
     return out
 
 

@@ -4,11 +4,14 @@ faults put into a real rewrite's output.
 A real Flink 2.3 checkpoint (flink23-hashmap-p2) is rescaled 2 -> 5 up to its proof (``stage``:
 state reassigned, in-flight records routed into files, their handles placed in the new metadata);
 then one thing is broken, in the new metadata's handles, in a written file or in what the routing
-reported, and the proof must refuse it, naming the exchange, the subtask and the channel.
+reported, and the proof must refuse it, naming the exchange, the subtask and the channel. Its few
+records fit one engine task, so they lie in one file: where a fault needs two files, a checkpoint
+generated from it with 3 MB in flight (three engine tasks, three files) is rescaled 6 -> 4.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ import pytest
 
 from catalog import fixture_named
 from ckpt_tool.engine.tasks import ReadBackTask, _read_back_one_by_one, _read_back_together
-from ckpt_tool.flink.metadata import write_metadata
+from ckpt_tool.flink.metadata import merge_channel_handles, merged_columns, merging_gains, write_metadata
 from ckpt_tool.flink.model import INPUT, ChannelColumns, RelativeFileHandle, columns_opened
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import OutputVerificationError, RescaleReport, Staged, stage, verify_output
@@ -26,16 +29,38 @@ from ckpt_tool.writer.claim import claimed
 BASE = fixture_named("flink23-hashmap-p2")
 
 
-@pytest.fixture
-def staged(tmp_path: Path):
-    """(session, staged rewrite, destination) of a 2 -> 5 rescale, under the destination's claim."""
-    destination = str(tmp_path / "out")
-    with Session.open(str(BASE.checkpoint), BASE.schema, BASE.plan, "local") as session:
-        plan = plan_rescale(session.metadata, 5, {}, session.described_exchanges, session.plan, None)
+def staged_rescale(checkpoint: str, parallelism: int, destination: str):
+    """(session, staged rewrite, destination) of a rescale, under the destination's claim."""
+    with Session.open(checkpoint, BASE.schema, BASE.plan, "local") as session:
+        plan = plan_rescale(session.metadata, parallelism, {}, session.described_exchanges, session.plan, None)
         with claimed(destination) as claim:
             result = stage(session, destination, plan, claim, RescaleReport(False))
             assert result is not None and result.routed
             yield session, result, destination
+
+
+@pytest.fixture
+def staged(tmp_path: Path):
+    """A 2 -> 5 rescale of the real checkpoint, staged."""
+    yield from staged_rescale(str(BASE.checkpoint), 5, str(tmp_path / "out"))
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import generate
+
+    checkpoint = tmp_path_factory.mktemp("generated") / "job" / "chk-1"
+    generate(checkpoint, 6, 3_000_000)
+    return checkpoint
+
+
+@pytest.fixture
+def staged_in_files(generated: Path, tmp_path: Path):
+    """A 6 -> 4 rescale of 3 MB in flight, staged: its records lie in several files."""
+    for staged_rewrite in staged_rescale(str(generated), 4, str(tmp_path / "out")):
+        assert len({r.file_name for r in staged_rewrite[1].routed}) >= 2
+        yield staged_rewrite
 
 
 def new_handles(staged: Staged) -> list:
@@ -82,7 +107,8 @@ def test_new_handles_are_columns_and_write_as_the_handles_they_hold(staged):
     assert verify_output(session, result.metadata, result.rescaled, result.routed, destination).tolist() == as_columns.tolist()
 
 
-def test_a_fault_in_the_columns_is_refused(staged):
+def test_a_fault_in_the_columns_is_refused(staged_in_files):
+    staged = staged_in_files
     result = staged[1]
     subtask, columns = next(
         (s, h) for op in result.metadata.operators for s in op.subtasks for h in s.input_channels if isinstance(h, ChannelColumns)
@@ -127,11 +153,18 @@ def test_a_handle_for_a_channel_nothing_was_routed_to_is_refused(staged):
         prove(staged)
 
 
-def test_a_handle_into_another_channels_file_is_refused(staged):
+def test_a_handle_into_another_channels_file_is_refused(staged_in_files):
+    staged = staged_in_files
     by_subtask: dict = {}
     for subtask, handle in new_handles(staged[1]):
         by_subtask.setdefault(subtask.index, []).append(handle)
-    first, second = next(handles for handles in by_subtask.values() if len(handles) >= 2)[:2]
+    first, second = next(
+        (h, other)
+        for handles in by_subtask.values()
+        for h in handles
+        for other in handles
+        if h.delegate.relative_path != other.delegate.relative_path
+    )
     first.delegate, second.delegate = second.delegate, first.delegate
     with pytest.raises(OutputVerificationError, match=r"references ckpt-inflight-\S+, its records were routed to ckpt-inflight-"):
         prove(staged)
@@ -199,3 +232,23 @@ def test_reading_back_at_once_and_handle_by_handle_agree(staged):
         assert together.records.tolist() == one_by_one.records.tolist() and together.records.sum() > 0
         assert together.digests == one_by_one.digests and together.trailing.tolist() == one_by_one.trailing.tolist()
     assert together.problem is not None and "not referenced by any handle" in together.problem
+
+
+def test_columns_merge_as_their_handles_do(staged_in_files):
+    """A subtask's new channels lie in a file per engine task: written merged, each file's channels
+    are one merged handle, made from the columns with NumPy exactly as from the handles as objects."""
+
+    def fields(handles) -> list:
+        return [
+            (m.subtask_index, m.state_size, m.delegate, m.serialized_offsets, m.channel_count, m.buffer_count, m.gates)
+            for m in handles
+        ]
+
+    result = staged_in_files[1]
+    files = len({r.file_name for r in result.routed})
+    subtasks = [s for op in result.metadata.operators for s in op.subtasks]
+    columns = [h for s in subtasks for h in s.input_channels if isinstance(h, ChannelColumns)]
+    assert columns and all(len(merged_columns(c)) == files for c in columns)
+    for c in columns:
+        assert fields(merged_columns(c)) == fields(merge_channel_handles(c.channels))
+    assert merging_gains(result.metadata)

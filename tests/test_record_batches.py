@@ -91,7 +91,7 @@ def test_route_together_equals_route_upstream(name, new_parallelism):
     ]
     compared = refused = 0
     with ChannelStateReader() as reader:
-        for task in route_tasks(channel_tasks(session.checkpoint, exchanges), specs):
+        for task in route_tasks(session.checkpoint, exchanges, specs):
             spec = specs[task.exchange_index]
             keys = key_groups_of(spec.exchange, spec.max_parallelism)
             for upstream, same in groupby(task.channels, key=lambda t: t.upstream_subtask):

@@ -229,6 +229,7 @@ class _Sources:
         self.files: list[FileOf] = []
         self._file_index: dict[int, tuple[object, int]] = {}  # by delegate object
         self.exchange = 0  # of the rows being added
+        self.modulus = 0  # of their exchange: its rows are grouped by u mod this first (0: not grouped)
         self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray | int, np.ndarray | int, np.ndarray]] = []
         self._scalars: dict[str, list[int]] = {k: [] for k in ("u", "d", "side", "file", "size", "count")}
         self._scalar_offsets: list[int] = []
@@ -257,15 +258,18 @@ class _Sources:
         self.rows += len(key)
 
     def _key(self, u, d, side) -> np.ndarray:
-        """Exchange, the two subtasks (each below Flink's highest max parallelism, 2**15: u then d,
-        or d then u ``by_downstream``), and the side (input 0, output 1), as one int64 in that order."""
+        """Exchange, u mod ``modulus`` (where grouped), the two subtasks (each below Flink's highest
+        max parallelism, 2**15: u then d, or d then u ``by_downstream``), and the side (input 0,
+        output 1), as one int64 in that order."""
         first, second = np.asarray(d if self.by_downstream else u), np.asarray(u if self.by_downstream else d)
         if len(first) and not (min(first.min(), second.min()) >= 0 and max(first.max(), second.max()) < 1 << 15):
             raise CheckpointFormatError(f"a channel-state handle of exchange {self.exchange} names a subtask outside 0 to 32767")
         key = first.astype(np.int64) << 17
         key |= second.astype(np.int64) << 1
         key |= side
-        key |= self.exchange << 33
+        if self.modulus:
+            key |= (np.asarray(u, dtype=np.int64) % self.modulus) << 33
+        key |= self.exchange << 48
         return key
 
     def flush(self) -> None:
@@ -320,13 +324,16 @@ class _Sources:
         return key[order], columns, order
 
 
-def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstream: bool = False) -> ChannelTable:
+def channel_tasks(
+    checkpoint: Checkpoint, exchanges: list[Exchange], by_downstream: bool = False, grouped: Optional[list[int]] = None
+) -> ChannelTable:
     """The logical channels of ``exchanges`` that hold data, exchange by exchange, each exchange's
     by (u, d) (by (d, u) ``by_downstream``, as a scan reads them: a downstream subtask's input
-    state is one file): the input state of d on the exchange's gate, then the output state of u
-    on its partition, each side's handles in the order the metadata lists them. On an all-to-all
-    edge the input channel index is u and the subpartition index d; on a pointwise edge
-    (forward, rescale) ``pointwise_channels`` says which is which."""
+    state is one file; by (u mod ``grouped[exchange]``, u, d) where grouped, as a rescale routes
+    them: the channels of each new input channel together): the input state of d on the exchange's
+    gate, then the output state of u on its partition, each side's handles in the order the
+    metadata lists them. On an all-to-all edge the input channel index is u and the subpartition
+    index d; on a pointwise edge (forward, rescale) ``pointwise_channels`` says which is which."""
     metadata = checkpoint.metadata
     sources = _Sources(checkpoint, by_downstream)
     for index, exchange in enumerate(exchanges):
@@ -335,6 +342,7 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstre
         pointwise = exchange.partitioner in POINTWISE_PARTITIONERS and upstream is not None and downstream is not None
         sources.flush()
         sources.exchange = index
+        sources.modulus = grouped[index] if grouped else 0
         _add_side(sources, downstream, INPUT, exchange.gate, pointwise, upstream)
         _add_side(sources, upstream, OUTPUT, exchange.partition, pointwise, downstream)
     key, rows, order = sources.joined()
@@ -370,7 +378,7 @@ def channel_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], by_downstre
     first, second = ((channel >> 16) & 0xFFFF).astype(np.int32), (channel & 0xFFFF).astype(np.int32)
     ups, downs = (second, first) if by_downstream else (first, second)
     table = ChannelTable(
-        (channel >> 32).astype(np.int32),
+        (channel >> 47).astype(np.int32),
         ups,
         downs,
         _narrow(size),

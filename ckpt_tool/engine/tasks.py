@@ -14,9 +14,9 @@ by channel path only where that fails, which then names the channel and the elem
 - ``scan_batch``: the logical channels u -> d of a batch; their figures, as columns
   (``scan_channel``: one channel, for digests of suspect records and the errors).
 - ``route_task``: one new input channel c of an exchange. It reads every old channel u -> d
-  with u mod N_up = c, once, and writes one channel-state file holding channel c of every new
-  subtask (a handle's buffers may lie anywhere in its file). No record crosses tasks, so there
-  is no shuffle. ``route_batch`` reads the channels of all the route tasks of a batch first.
+  with u mod N_up = c, once, and writes channel c of every new subtask (a handle's buffers may
+  lie anywhere in its file). No record crosses tasks, so there is no shuffle. ``route_batch``
+  reads the channels of all the route tasks of a batch first, and writes one file for them all.
 - ``read_back``: a written file, read through the new metadata's handles: each handle's records
   counted and digested, and every byte of the file referenced exactly once. What route tasks
   place and read-backs find are columns (``Placed``, ``ReadBack``), not an object per handle.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, groupby
 from typing import Any, Optional
@@ -40,11 +41,12 @@ from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
     ChannelStateReader,
+    ChannelStateWriter,
     Placement,
     in_order,
     small_channels_file,
-    write_channel_state_file,
 )
+from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
@@ -475,8 +477,9 @@ class RoutedFile:
     counters: RouteCounters = field(default_factory=RouteCounters)
 
 
-def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, Any]) -> Placed:
-    """A file's placements as columns, with the records and digests routed to each target."""
+def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, Any], shift: int = 0) -> Placed:
+    """Placements as columns (their offsets ``shift`` bytes further on), with the records and
+    digests routed to each target."""
     targets = sorted(placed)
     placements = [placed[t] for t in targets]
     bounds = np.zeros(len(targets) + 1, dtype=np.int64)
@@ -486,44 +489,77 @@ def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, A
         np.array([p.size for p in placements], dtype=np.int64),
         np.array([records[t] for t in targets], dtype=np.int64),
         b"".join([digests[t].digest() for t in targets]),
-        np.fromiter(chain.from_iterable(p.offsets for p in placements), dtype=np.int64, count=int(bounds[-1])),
+        np.fromiter(chain.from_iterable(p.offsets for p in placements), dtype=np.int64, count=int(bounds[-1])) + shift,
         bounds,
     )
 
 
-def route_tasks(channels: ChannelTable, specs: list[RouteSpec]) -> list[RouteTask]:
-    """Group old channels by the new channel they feed, each group a table of its own."""
-    new_parallelism = np.array([spec.new_upstream_parallelism for spec in specs], dtype=np.int64)
-    exchange = channels.exchange_index.astype(np.int64)
-    new_channel = channels.upstream % new_parallelism[exchange] if len(exchange) else exchange
-    order = np.lexsort((channels.downstream, channels.upstream, new_channel, exchange))
-    key = exchange[order] * (int(new_parallelism.max(initial=1)) + 1) + new_channel[order]
-    starts = np.flatnonzero(np.diff(key, prepend=-1)) if len(key) else key
-    tasks = []
-    for start, stop in zip(starts.tolist(), np.append(starts[1:], len(key)).tolist()):
-        index, c = int(exchange[order[start]]), int(new_channel[order[start]])
-        name = inflight_file_name(specs[index].exchange.downstream_id, specs[index].exchange.gate, c)
-        tasks.append(RouteTask(index, c, channels.take(order[start:stop]), name))
-    return tasks
+class RouteTasks:
+    """The route tasks of a rescale, made lazily (``Lazy``: an engine makes a batch's tasks where
+    it runs): task i is new input channel ``new_channel[i]`` of exchange ``exchange[i]``, fed by
+    rows ``bounds[i]`` to ``bounds[i + 1]`` of one channel table in route order. The driver holds
+    that one table, not a copy per task besides it (at p=4,096 dense, 16.8 million channels)."""
+
+    def __init__(self, table: ChannelTable, specs: list[RouteSpec]) -> None:
+        self.table = table
+        modulus = np.array([spec.new_upstream_parallelism for spec in specs], dtype=np.int64)
+        exchange = table.exchange_index.astype(np.int64)
+        new_channel = table.upstream % modulus[exchange] if len(exchange) else exchange
+        key = exchange * (int(modulus.max(initial=1)) + 1) + new_channel
+        if len(key) > 1 and not (np.diff(key) >= 0).all():
+            raise ValueError("the channel table is not in route order (channel_tasks(..., grouped=...))")
+        starts = np.flatnonzero(np.diff(key, prepend=-1)) if len(key) else key
+        self.bounds = np.append(starts, len(key)).astype(np.int64)
+        self.exchange = exchange[starts].astype(np.int32)
+        self.new_channel = new_channel[starts].astype(np.int32)
+        self.names = [
+            inflight_file_name(specs[e].exchange.downstream_id, specs[e].exchange.gate, c)
+            for e, c in zip(self.exchange.tolist(), self.new_channel.tolist())
+        ]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Each task's bytes."""
+        if not len(self):
+            return np.zeros(0, dtype=np.int64)
+        return np.add.reduceat(self.table.size.astype(np.int64), self.bounds[:-1])
+
+    def part(self, start: int, stop: int) -> list[RouteTask]:
+        bounds, table = self.bounds.tolist(), self.table
+        return [
+            RouteTask(int(self.exchange[i]), int(self.new_channel[i]), table.part(bounds[i], bounds[i + 1]), self.names[i])
+            for i in range(start, stop)
+        ]
+
+    def __iter__(self) -> Iterator[RouteTask]:
+        return iter(self.part(0, len(self)))
+
+
+def route_tasks(checkpoint: Checkpoint, exchanges: list[Exchange], specs: list[RouteSpec]) -> RouteTasks:
+    """The old channels of ``exchanges`` grouped by the new channel they feed (``specs``: each
+    exchange's new parallelisms), one route task per group."""
+    modulus = [spec.new_upstream_parallelism for spec in specs]
+    return RouteTasks(channel_tasks(checkpoint, exchanges, grouped=modulus), specs)
 
 
 def route_task(
     task: RouteTask,
     spec: RouteSpec,
-    dst: str,
-    reader: Optional[ChannelStateReader] = None,
+    writer: ChannelStateWriter,
+    reader: ChannelStateReader,
+    result: RoutedFile,
     framed: Optional[FramedChannels] = None,
-) -> RoutedFile:
-    """Route the task's records and write its channel-state file under ``dst``. The channels of
-    each upstream subtask are read, framed and routed together (``route_together``); where they
+) -> Iterator[Any]:
+    """Route the task's records into the channel-state file ``writer`` writes, after what it
+    holds: yields the file's bytes; ``result`` says what went where once it is done. The channels
+    of each upstream subtask are read, framed and routed together (``route_together``); where they
     hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
     copies or names the channel and the record that does not fit. ``framed``: the task's channels
     already read (``route_batch``)."""
-    if reader is None:
-        with ChannelStateReader() as own:
-            return route_task(task, spec, dst, own, framed)
     _framing.reuse_memory()
-    result = RoutedFile(task.exchange_index, task.new_channel, attempt_file_name(task.file_name))
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target
@@ -557,37 +593,37 @@ def route_task(
             together_routed = together(start, stop)
             yield from one_by_one(start, stop) if together_routed is None else together_routed
 
-    def pieces(items):
-        for target, framed, count in items:
-            records[target] += count
-            digests.setdefault(target, xxhash.xxh3_128()).update(framed)
-            yield target, framed
-
-    out, uri = io_for(dst), join(dst, result.file_name)
     items = routed()
     if task.size <= COLLECT_BYTES:  # small: routed first, then written at once where every channel is one buffer
         items = list(items)
         small = small_channels_file((target, framed) for target, framed, _ in items)
         if small is not None:
             data, placements, streams = small
-            out.write(uri, data)
+            shift, rest = writer.append(data)
+            yield rest
             for target, _, count in items:
                 records[target] += count
-            result.file_size = len(data)
-            result.placed = _placed(placements, records, {t: xxhash.xxh3_128(s) for t, s in streams.items()})
-            return result
-    writer = write_channel_state_file(out, uri, pieces(items))
-    result.file_size = writer.size
-    result.placed = _placed(writer.placements, records, digests)
-    return result
+            result.placed = _placed(placements, records, {t: xxhash.xxh3_128(s) for t, s in streams.items()}, shift)
+            return
+    for target, piece, count in items:
+        records[target] += count
+        digests.setdefault(target, xxhash.xxh3_128()).update(piece)
+        yield from writer.add(target, piece)
+    yield from writer.finish()
+    result.placed = _placed(writer.take_placements(), records, digests)
 
 
 def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
-    """``route_task`` of every task of an engine task: the channels of all of them are read first,
-    each file once (``read_rows`` from the tasks' tables joined, or ``joined_payloads``), so that
-    files shared by the tasks are not opened again and again (a reader keeps at most
-    MAX_OPEN_MAPS open)."""
+    """``route_task`` of every task of an engine task, into one channel-state file for them all
+    (named after the first task's, ``batch_file_name``): a new subtask's channels then lie in one
+    file per batch (a few, by bytes), not one per channel (p of them, as Flink's restore and every
+    read of the output would open). The channels of all the tasks are read first, each file once
+    (``read_rows`` from the tasks' tables joined, or ``joined_payloads``), so that files shared by
+    the tasks are not opened again and again (a reader keeps at most MAX_OPEN_MAPS open)."""
     whole = ChannelTable.concatenate([task.channels for task in tasks])
+    name = attempt_file_name(batch_file_name(tasks))
+    writer = ChannelStateWriter()
+    results = [RoutedFile(task.exchange_index, task.new_channel, name) for task in tasks]
     with ChannelStateReader() as reader:
         framed: Optional[FramedChannels] = None
         if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole):  # many small channels
@@ -595,13 +631,26 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
                 framed = read_rows(reader, whole, 0, len(whole))[0] if _all_local(whole) else read_channels(reader, list(whole))
             except CkptError:  # each task reads its channels itself, and says which does not read
                 framed = None
-        results, position = [], 0
-        for task in tasks:
-            count = len(task.channels)
-            mine = framed.part(position, position + count) if framed else None
-            results.append(route_task(task, specs[task.exchange_index], dst, reader, mine))
-            position += count
-        return results
+
+        def chunks() -> Iterator[Any]:
+            yield from writer.start()
+            position = 0
+            for task, result in zip(tasks, results):
+                count = len(task.channels)
+                mine = framed.part(position, position + count) if framed else None
+                yield from route_task(task, specs[task.exchange_index], writer, reader, result, mine)
+                position += count
+
+        io_for(dst).write_stream(join(dst, name), chunks())
+    for result in results:
+        result.file_size = writer.size
+    return results
+
+
+def batch_file_name(tasks: list[RouteTask]) -> str:
+    """The file the route tasks of one engine task write together: the first one's name (the
+    names of all of them are journaled before any is written)."""
+    return tasks[0].file_name
 
 
 # --- reading back -------------------------------------------------------------------------------

@@ -377,6 +377,18 @@ class ChannelStateWriter:
     def size(self) -> int:
         return self.position
 
+    def take_placements(self) -> dict[int, Placement]:
+        """The placements so far, which the writer forgets (the file goes on with new targets)."""
+        placements, self.placements = self.placements, {}
+        return placements
+
+    def append(self, made: bytes) -> tuple[int, memoryview]:
+        """Append a file made at once (``small_channels_file``: its header, then its buffers) to
+        this one, after what is written: how far its offsets move, and the bytes to write."""
+        shift = self.position - len(HEADER)
+        self.position += len(made) - len(HEADER)
+        return shift, memoryview(made)[len(HEADER) :]
+
     def _buffers(self, target: int, stream: bytes, count: int, size: int) -> np.ndarray:
         """``count`` buffers of ``size`` bytes from the start of ``stream``, each after its length."""
         out = np.empty((count, 4 + size), dtype=np.uint8)

@@ -48,7 +48,6 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
     StateChange,
     SubtaskState,
-    columns_opened,
     opened_up,
     uniform_merged_channels,
 )
@@ -682,19 +681,16 @@ def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedCha
     delegate (by identity: the channels of one file share its handle object). A merged handle
     that nothing joins is kept as it is, undecoded."""
     groups: dict[tuple[int, int], list[ChannelStateHandle | MergedChannelStateHandle]] = {}
-    for handle in columns_opened(handles):
-        groups.setdefault((handle.subtask_index, id(handle.delegate)), []).append(handle)
+    columns = [handle for handle in handles if isinstance(handle, ChannelColumns)]
+    for handle in handles:
+        if not isinstance(handle, ChannelColumns):
+            groups.setdefault((handle.subtask_index, id(handle.delegate)), []).append(handle)
     result = []
     for (subtask, _), members in groups.items():
         if len(members) == 1 and isinstance(members[0], MergedChannelStateHandle):
             result.append(members[0])
             continue
-        channels: list[ChannelStateHandle] = []
-        for member in members:
-            if isinstance(member, MergedChannelStateHandle):
-                channels += member.channels
-            else:
-                channels.append(member)
+        channels: list[ChannelStateHandle] = opened_up(members, MergedChannelStateHandle)  # type: ignore[assignment]
         if not channels:
             continue
         first = channels[0]
@@ -709,6 +705,51 @@ def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedCha
                 sum(len(ch.offsets) for ch in channels),
                 sum(ch.state_size for ch in channels),
                 tuple(dict.fromkeys(ch.info[0] for ch in channels)),
+            )
+        )
+    # columns are only placed in files of ckpt's own, which no other handle references
+    return result + [merged for c in columns for merged in merged_columns(c)]
+
+
+def merged_columns(h: ChannelColumns) -> list[MergedChannelStateHandle]:
+    """``merge_channel_handles`` of the handles ``h`` holds, with NumPy: a merged handle per file
+    (in the order the files first come), its channels in row order. ckpt's rescale at parallelism p
+    places p² handles in a few files per subtask: objects of them would take gigabytes."""
+    if not h.channel_count:
+        return []
+    counts = np.diff(h.bounds)
+    order = np.argsort(h.file, kind="stable")  # rows by file, in row order within each
+    sizes = 20 + 8 * counts[order]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    for count in np.unique(counts).tolist():
+        at = np.flatnonzero(counts[order] == count)  # positions in file order
+        rows = order[at]
+        fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("count", ">i4")]
+        table = np.empty(len(rows), dtype=np.dtype(fields + ([("offsets", ">i8", (count,))] if count else [])))
+        table["gate"], table["channel"], table["size"], table["count"] = h.gate[rows], h.channel[rows], h.size[rows], count
+        if count:
+            table["offsets"] = h.offsets[h.bounds[rows][:, None] + np.arange(count)]
+        out[(starts[at][:, None] + np.arange(table.dtype.itemsize)).ravel()] = table.view(np.uint8)
+    files = h.file[order]
+    firsts = np.flatnonzero(np.diff(files, prepend=-1))
+    lasts = np.append(firsts[1:], len(order))
+    result = []
+    for first, last in sorted(zip(firsts.tolist(), lasts.tolist()), key=lambda group: int(order[group[0]])):
+        rows = order[first:last]
+        size = int(h.size[rows].sum())
+        result.append(
+            MergedChannelStateHandle(
+                h.direction,
+                h.subtask_index,
+                size,
+                h.files.handles[int(files[first])],
+                _INT.pack(last - first) + out[starts[first] : ends[last - 1]].tobytes(),
+                last - first,
+                int(counts[rows].sum()),
+                size,
+                tuple(dict.fromkeys(h.gate[rows].tolist())),
             )
         )
     return result
