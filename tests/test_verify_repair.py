@@ -188,8 +188,8 @@ def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_p
     import sys
     from pathlib import Path
 
-    from ckpt_tool.flink.channel_state import ChannelStateReader
-    from ckpt_tool.ops.verify import _buffer_digests, _merged_digests
+    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
+    from ckpt_tool.ops.verify import REPLICA_MIN_BUFFER_BYTES, _buffer_digests, _merged_digests
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from generate import generate
@@ -205,10 +205,14 @@ def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_p
                         merged = _merged_digests(checkpoint, reader, s, direction)
                         if merged is None:
                             continue
+                        found, in_files = merged  # those in whole local files: read file by file later
+                        for handle, offsets in in_files:
+                            source = BufferSource.in_delegate(checkpoint, handle.delegate, offsets.tolist())
+                            found += reader.buffer_digests_together([source], REPLICA_MIN_BUFFER_BYTES) or []
                         problems: list = []
                         handles = s.channel_handles(direction)
                         each = _buffer_digests(checkpoint, reader, handles, direction, problems, op.label, s.index)
-                    assert sorted(merged) == sorted(each) and not problems
+                    assert sorted(found) == sorted(each) and not problems
                     read_as_columns += 1
     assert read_as_columns >= 24
     subtask = next(s for op in Checkpoint.open(str(generated)).metadata.operators for s in op.subtasks if s.input_channels)
@@ -255,3 +259,54 @@ def test_channel_state_check_reads_a_file_shared_by_subtasks_at_once(ckpt, tmp_p
     copied.offsets = (10**9,)
     buffers, _, _ = check_channel_state(cp, True)
     assert [(p.subtask, p.channel) for p in buffers.problems] == [(second_subtask.index, f"input 0/{second.info[1]}")]
+
+
+def test_merged_handles_in_a_file_shared_by_subtasks_are_read_at_once(ckpt, tmp_path):
+    """ckpt's rescale writes the new channels of an engine task's route tasks into one file, for all
+    subtasks, and for Flink 2.1+ each subtask holds a merged handle per file: ``verify`` reads each
+    file once for all subtasks, finds a buffer two subtasks reference in it as a replica, and names
+    a channel that does not read alone."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import generate
+
+    from ckpt_tool.flink.channel_state import ChannelStateReader
+    from ckpt_tool.flink.metadata import merge_channel_handles
+    from ckpt_tool.flink.model import MergedChannelStateHandle
+    from ckpt_tool.ops.verify import _merged_digests, check_channel_state
+
+    source = tmp_path / "job" / "chk-3"
+    generate(source, 24, 2_000_000, channels="dense")  # small channels: each new one a buffer
+    rescaled = tmp_path / "out" / "chk-3"
+    code, _, err = ckpt("rescale", str(source), str(rescaled), "-p", "18", "--engine", "local", *inputs(BASE))
+    assert code == 0, err
+    cp = Checkpoint.open(str(rescaled))
+    assert [r.problems for r in check_channel_state(cp, True)] == [[], [], []]
+    slow = cp.metadata.operator(SLOW)
+    assert all(isinstance(h, MergedChannelStateHandle) for s in slow.subtasks for h in s.input_channels)
+    with ChannelStateReader() as reader:  # read as columns, file by file across the subtasks
+        merged = _merged_digests(cp, reader, slow.subtasks[1], INPUT)
+        assert merged is not None and not merged[0] and len(merged[1]) >= 2
+    first_subtask, second_subtask = slow.subtasks[0], slow.subtasks[1]
+    first = next(h for h in first_subtask.input_channels if h.channel_count > 1)
+    second = next(h for h in second_subtask.input_channels if h.delegate.relative_path == first.delegate.relative_path)
+    theirs, mine = first.channels, second.channels
+    victim = next(c for c in mine if len(c.offsets) == len(theirs[0].offsets))
+
+    def replace(offsets, state_size) -> None:
+        changed = [copy.copy(c) for c in mine]
+        at = mine.index(victim)
+        changed[at].offsets, changed[at].state_size = offsets, state_size
+        handles = second_subtask.input_channels
+        handles[handles.index(next(h for h in handles if h.delegate is second.delegate))] = merge_channel_handles(changed)[0]
+
+    # a channel of the second subtask references the first's buffers, in the same file: replicas
+    replace(theirs[0].offsets, theirs[0].state_size)
+    buffers, _, replicas = check_channel_state(cp, True)
+    assert buffers.problems == [] and replicas.problems and replicas.problems[0].count >= 1
+    # a buffer outside the shared file: that channel alone is named
+    replace((10**9,), victim.state_size)
+    buffers, _, _ = check_channel_state(cp, True)
+    assert [(p.subtask, p.channel) for p in buffers.problems] == [(second_subtask.index, f"input 0/{victim.info[1]}")]

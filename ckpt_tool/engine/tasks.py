@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, groupby
 from typing import Any, Optional
@@ -34,6 +34,7 @@ from typing import Any, Optional
 import numpy as np
 import xxhash
 
+from ckpt_tool.engine import plan_batches
 from ckpt_tool.engine.channels import ChannelTable, ChannelTask, ranges
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
@@ -173,20 +174,10 @@ def _all_local(table: ChannelTable) -> bool:
     return all(location is not None and inline is None and is_local(location) for location, inline, _, _ in table.files)
 
 
-def _row_blocks(sizes: list[int], start: int, limit: int) -> list[tuple[int, int]]:
+def _row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> list[tuple[int, int]]:
     """Runs of consecutive rows (from ``start``, of these sizes) of at most ``limit`` bytes (a
-    larger row alone), as (start, stop)."""
-    blocks: list[tuple[int, int]] = []
-    held, first = limit, start
-    for row, size in enumerate(sizes, start):
-        if held + size > limit:
-            if row > first:
-                blocks.append((first, row))
-            first, held = row, 0
-        held += size
-    if sizes:
-        blocks.append((first, start + len(sizes)))
-    return blocks
+    larger row alone), as (start, stop): ``plan_batches``, a search per run (p² rows at p=4,096)."""
+    return [(start + run.start, start + run.stop) for run in plan_batches(sizes, limit)]
 
 
 def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
@@ -197,12 +188,12 @@ def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
         for run_start, run_stop in zip(runs[:-1], runs[1:]):
             exchange_index = int(index[run_start])
             exchange = exchanges[exchange_index]
-            for read_start, read_stop in _row_blocks(table.size[run_start:run_stop].tolist(), run_start, READ_TOGETHER_BYTES):
+            for read_start, read_stop in _row_blocks(table.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
                 try:
                     read: Optional[tuple] = read_rows(reader, table, read_start, read_stop)
                 except CkptError:
                     read = None  # each block channel by channel, which names what does not read
-                for start, stop in _row_blocks(table.size[read_start:read_stop].tolist(), read_start, TOGETHER_BYTES):
+                for start, stop in _row_blocks(table.size[read_start:read_stop], read_start, TOGETHER_BYTES):
                     scanned = None
                     if read is not None:
                         framed, input_buffers, output_buffers = read

@@ -38,6 +38,7 @@ from ckpt_tool.flink.model import (
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
+from ckpt_tool.storage import is_local
 from ckpt_tool.topology import check_new_topology
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
@@ -133,14 +134,20 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
         # file (ckpt's rescale writes a file per new channel, for all subtasks, so that a subtask's
         # p handles lie in p files: opened subtask by subtask, each file was opened p times)
         in_files: dict[tuple[str, int], tuple[Any, list[int], list]] = {}
+        # merged handles in local files, the same way (ckpt's rescale writes a file per engine task,
+        # for all subtasks): per direction and location, each subtask with its merged handle
+        merged_in_files: dict[tuple[str, Optional[str]], list[tuple[int, Any, np.ndarray]]] = defaultdict(list)
         for s in op.subtasks:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
                     suffix = direction.encode()
                     merged = _merged_digests(cp, reader, s, direction) if files_ok else None
                     if merged is not None:  # merged handles, read as columns: nothing to report
-                        for found in merged:
+                        found_here, in_local_files = merged
+                        for found in found_here:
                             digests[found + suffix].add(s.index)
+                        for handle, offsets in in_local_files:
+                            merged_in_files[(direction, cp.location(handle.delegate))].append((s.index, handle, offsets))
                         continue
                     infos = set()
                     readable = []
@@ -168,6 +175,7 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                     for found in _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index):
                         digests[found + suffix].add(s.index)
         _file_digests(cp, in_files, digests, buffers.problems, op.label)
+        _merged_file_digests(cp, merged_in_files, digests, buffers.problems, op.label)
         copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
         if copies:
             replicas.problems.append(
@@ -180,12 +188,16 @@ def _channel_name(direction: str, handle) -> str:
     return f"{direction} {handle.info[0]}/{handle.info[1]}"
 
 
-def _merged_digests(cp: Checkpoint, reader: ChannelStateReader, subtask, direction: str) -> Optional[list[bytes]]:
-    """``_buffer_digests`` of a subtask's handles of one direction where they are merged handles in
-    local files whose channels all list as many buffers (as Flink 2.1+ writes them at high
-    parallelism), read as columns without decoding a channel, and where there is nothing to
-    report: each channel once, every handle the subtask's own, every file read. None otherwise
-    (then the handles are checked channel by channel, which names what is wrong)."""
+def _merged_digests(
+    cp: Checkpoint, reader: ChannelStateReader, subtask, direction: str
+) -> Optional[tuple[list[bytes], list[tuple[MergedChannelStateHandle, np.ndarray]]]]:
+    """``_buffer_digests`` of a subtask's handles of one direction where they are merged handles
+    whose channels all list as many buffers (as Flink 2.1+ writes them at high parallelism), read
+    as columns without decoding a channel, and where there is nothing to report: each channel once,
+    every handle the subtask's own, every file read. None otherwise (then the handles are checked
+    channel by channel, which names what is wrong). The handles in whole local files are not read
+    here but returned with their offsets, to be read file by file across the subtasks
+    (``_merged_file_digests``): the digests of the others, and those."""
     handles = subtask.input_channels if direction == INPUT else subtask.output_channels
     if not handles or not all(isinstance(h, MergedChannelStateHandle) and h.subtask_index == subtask.index for h in handles):
         return None
@@ -201,13 +213,37 @@ def _merged_digests(cp: Checkpoint, reader: ChannelStateReader, subtask, directi
     if len(np.unique(every)) != len(every):
         return None
     found: list[bytes] = []
+    deferred: list[tuple[MergedChannelStateHandle, np.ndarray]] = []
     for members in by_file.values():
+        if isinstance(members[0][0].delegate, (RelativeFileHandle, FileHandle)) and _is_local_file(cp, members[0][0].delegate):
+            deferred += members
+            continue
         source = BufferSource.in_delegate(cp, members[0][0].delegate, np.concatenate([o for _, o in members]).tolist())
         together = reader.buffer_digests_together([source], REPLICA_MIN_BUFFER_BYTES)
         if together is None:
             return None
         found += together
-    return found
+    return found, deferred
+
+
+def _is_local_file(cp: Checkpoint, delegate) -> bool:
+    location = cp.location(delegate)
+    return location is not None and is_local(location)
+
+
+def _merged_file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
+    """The digests of merged handles in whole local files, file by file across the subtasks
+    (``in_files``: per direction and location, each subtask with its handle and its buffers'
+    offsets), into ``digests``: each file mapped once, its buffers read in one pass. Where a file
+    does not read so, each of its handles channel by channel, naming what does not read."""
+    with ChannelStateReader() as reader:
+        for (direction, _), members in in_files.items():
+            offsets = [o for _, _, o in members]
+            if _owned_digests(cp, reader, members[0][1].delegate, [s for s, _, _ in members], offsets, direction, digests):
+                continue
+            for subtask, handle, _ in members:
+                for found in _buffer_digests(cp, reader, handle.channels, direction, problems, op, subtask):
+                    digests[found + direction.encode()].add(subtask)
 
 
 def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
@@ -219,21 +255,33 @@ def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list,
         by_location[(direction, cp.location(delegate))].append((subtasks, handles))
     with ChannelStateReader() as reader:
         for (direction, _), groups in by_location.items():
-            suffix = direction.encode()
             handles = [h for _, members in groups for h in members]
             subtasks = [s for owners, _ in groups for s in owners]
-            counts = np.fromiter((len(h.offsets) for h in handles), dtype=np.int64, count=len(handles))
-            owners = np.repeat(np.arange(len(handles)), counts)
-            offsets = np.fromiter(chain.from_iterable(h.offsets for h in handles), dtype=np.int64, count=int(counts.sum()))
-            source = BufferSource.in_delegate(cp, handles[0].delegate, offsets.tolist())
-            together = reader.buffer_digests_owned(source, owners, REPLICA_MIN_BUFFER_BYTES)
-            if together is not None:
-                for found, owner in zip(*together):
-                    digests[found + suffix].add(subtasks[owner])
+            if _owned_digests(cp, reader, handles[0].delegate, subtasks, [h.offsets for h in handles], direction, digests):
                 continue
             for subtask, handle in zip(subtasks, handles):
                 for found in _digests_alone(cp, reader, handle, BufferSource.of(cp, handle), direction, problems, op, subtask):
-                    digests[found + suffix].add(subtask)
+                    digests[found + direction.encode()].add(subtask)
+
+
+def _owned_digests(cp: Checkpoint, reader, delegate, subtasks: list[int], offsets: list, direction: str, digests: dict) -> bool:
+    """The digests of the buffers of one local file that handles of many subtasks list (handle i,
+    of ``subtasks[i]``, at ``offsets[i]``), read in one pass, into ``digests``; False (nothing
+    added) where they do not read so."""
+    counts = np.fromiter((len(o) for o in offsets), dtype=np.int64, count=len(offsets))
+    owners = np.repeat(np.asarray(subtasks, dtype=np.int64), counts)
+    if offsets and isinstance(offsets[0], np.ndarray):  # merged handles' columns
+        flat = np.concatenate(offsets).astype(np.int64, copy=False)
+    else:  # plain handles' tuples
+        flat = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
+    source = BufferSource.in_delegate(cp, delegate, flat.tolist())
+    together = reader.buffer_digests_owned(source, owners, REPLICA_MIN_BUFFER_BYTES)
+    if together is None:
+        return False
+    suffix = direction.encode()
+    for found, owner in zip(*together):
+        digests[found + suffix].add(owner)
+    return True
 
 
 def _buffer_digests(cp: Checkpoint, reader: ChannelStateReader, handles: list, direction: str, problems: list, op, subtask):
