@@ -132,8 +132,8 @@ def scan_channel(
 # 1.5 to 3 times slower than channel by channel).
 TOGETHER_BYTES = 1 << 20
 # Blocks are read this many bytes at a time (each file once for all of them): the p channels of a
-# subtask of ckpt's rescale's output lie in p files, so that a read per 1 MiB block opened and
-# mapped each file again (at p=4,096 dense, millions of times).
+# subtask of ckpt's rescale's output lay in p files until it wrote a file per engine task, and a
+# read per 1 MiB block opened and mapped each file again (at p=4,096 dense, millions of times).
 READ_TOGETHER_BYTES = 8 << 20
 # A route task of at most this many bytes is routed first, then written at once where each of its new
 # channels fits in a buffer (``small_channels_file``): the many small tasks of a job at high parallelism

@@ -638,7 +638,7 @@ def merging_gains(metadata: CheckpointMetadata) -> bool:
     """Whether merged handles would hold several channels anywhere: some subtask holds two
     channels of one direction in one file, or a merged handle of several channels. Where none
     does, a merged handle per channel is larger than a plain one, in the file and in Flink's heap
-    (ckpt's rescale at high parallelism writes each new channel of a subtask in another file)."""
+    (a rescale whose engine tasks each placed one channel of a subtask, say)."""
     for op in metadata.operators:
         for s in op.subtasks:
             for handles in (s.input_channels, s.output_channels):
@@ -719,12 +719,13 @@ def merged_columns(h: ChannelColumns) -> list[MergedChannelStateHandle]:
         return []
     counts = np.diff(h.bounds)
     order = np.argsort(h.file, kind="stable")  # rows by file, in row order within each
-    sizes = 20 + 8 * counts[order]
+    ordered_counts = counts[order]
+    sizes = 20 + 8 * ordered_counts
     ends = np.cumsum(sizes)
     starts = ends - sizes
     out = np.empty(int(ends[-1]), dtype=np.uint8)
     for count in np.unique(counts).tolist():
-        at = np.flatnonzero(counts[order] == count)  # positions in file order
+        at = np.flatnonzero(ordered_counts == count)  # positions in file order
         rows = order[at]
         fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("count", ">i4")]
         table = np.empty(len(rows), dtype=np.dtype(fields + ([("offsets", ">i8", (count,))] if count else [])))

@@ -38,7 +38,6 @@ from ckpt_tool.flink.model import (
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
-from ckpt_tool.storage import is_local
 from ckpt_tool.topology import check_new_topology
 
 SOUND, PROBLEMS, UNUSABLE = "sound", "problems", "unusable"
@@ -130,12 +129,11 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
         digests: dict[bytes, set[int]] = defaultdict(set)
-        # plain handles in local files, by direction and file, across the subtasks: read file by
-        # file (ckpt's rescale writes a file per new channel, for all subtasks, so that a subtask's
-        # p handles lie in p files: opened subtask by subtask, each file was opened p times)
+        # handles in files, by direction and file, across the subtasks: read file by file (ckpt's
+        # rescale writes a file per engine task, for all subtasks, so that every subtask has handles
+        # in each: opened subtask by subtask, each file was opened once per subtask). Plain handles
+        # with their subtasks; merged ones per location, each subtask with its handle
         in_files: dict[tuple[str, int], tuple[Any, list[int], list]] = {}
-        # merged handles in local files, the same way (ckpt's rescale writes a file per engine task,
-        # for all subtasks): per direction and location, each subtask with its merged handle
         merged_in_files: dict[tuple[str, Optional[str]], list[tuple[int, Any, np.ndarray]]] = defaultdict(list)
         for s in op.subtasks:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
@@ -195,9 +193,9 @@ def _merged_digests(
     whose channels all list as many buffers (as Flink 2.1+ writes them at high parallelism), read
     as columns without decoding a channel, and where there is nothing to report: each channel once,
     every handle the subtask's own, every file read. None otherwise (then the handles are checked
-    channel by channel, which names what is wrong). The handles in whole local files are not read
-    here but returned with their offsets, to be read file by file across the subtasks
-    (``_merged_file_digests``): the digests of the others, and those."""
+    channel by channel, which names what is wrong). The handles in whole files are not read here
+    but returned with their offsets, to be read file by file across the subtasks, as plain handles
+    are (``_merged_file_digests``): the digests of the others, and those."""
     handles = subtask.input_channels if direction == INPUT else subtask.output_channels
     if not handles or not all(isinstance(h, MergedChannelStateHandle) and h.subtask_index == subtask.index for h in handles):
         return None
@@ -215,7 +213,7 @@ def _merged_digests(
     found: list[bytes] = []
     deferred: list[tuple[MergedChannelStateHandle, np.ndarray]] = []
     for members in by_file.values():
-        if isinstance(members[0][0].delegate, (RelativeFileHandle, FileHandle)) and _is_local_file(cp, members[0][0].delegate):
+        if isinstance(members[0][0].delegate, (RelativeFileHandle, FileHandle)):
             deferred += members
             continue
         source = BufferSource.in_delegate(cp, members[0][0].delegate, np.concatenate([o for _, o in members]).tolist())
@@ -226,16 +224,12 @@ def _merged_digests(
     return found, deferred
 
 
-def _is_local_file(cp: Checkpoint, delegate) -> bool:
-    location = cp.location(delegate)
-    return location is not None and is_local(location)
-
-
 def _merged_file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
-    """The digests of merged handles in whole local files, file by file across the subtasks
+    """The digests of merged handles in whole files, file by file across the subtasks
     (``in_files``: per direction and location, each subtask with its handle and its buffers'
-    offsets), into ``digests``: each file mapped once, its buffers read in one pass. Where a file
-    does not read so, each of its handles channel by channel, naming what does not read."""
+    offsets), into ``digests``: a local file mapped once, its buffers read in one pass. Where a
+    file does not read so (or is not local), each of its handles channel by channel, naming what
+    does not read."""
     with ChannelStateReader() as reader:
         for (direction, _), members in in_files.items():
             offsets = [o for _, _, o in members]
