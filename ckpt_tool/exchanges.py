@@ -141,7 +141,8 @@ def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exch
     scans = ScanColumns.concatenate(
         engine.map_batches(lambda batch: scan_batch(batch, exchanges).figures_only(), tasks, progress, tasks.size)
     )
-    named = (tasks.exchange_index, tasks.upstream, tasks.downstream)  # the rows are the tasks' rows, in order
+    # the rows are the tasks' rows, in order (as int32, whatever the table narrowed them to)
+    named = tuple(column.astype(np.int32) for column in (tasks.exchange_index, tasks.upstream, tasks.downstream))
     scans.columns = dict(zip(FIGURES[:3], named)) | {name: scans.columns[name] for name in FIGURES[3:]}
     suspects = suspects_of_holdings(scans)
     wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number

@@ -153,6 +153,46 @@ def test_a_handle_for_a_channel_nothing_was_routed_to_is_refused(staged):
         prove(staged)
 
 
+def test_a_channel_routed_twice_is_refused(staged):
+    """Routing that reports one new channel of a subtask twice (each handle is then held once, and
+    no set test finds a channel without its handle) is named, not left to a shape error."""
+    routed = staged[1].routed
+    routed.append(routed[0])
+    first = routed[0]
+    where = f"new channel {first.new_channel} of subtask {int(first.placed.subtask[0])} was routed twice"
+    with pytest.raises(OutputVerificationError, match=where):
+        prove(staged)
+
+
+def test_the_staged_source_forgot_its_metadata_and_reads_it_again(staged):
+    """Staging drops the source's parsed metadata once its channel handles are in the route table
+    (``forget_metadata``); asked for again, it is parsed again from the same bytes."""
+    session = staged[0]
+    assert session.checkpoint._metadata is None
+    again = session.checkpoint.metadata
+    assert write_metadata(again) == (BASE.checkpoint / "_metadata").read_bytes()
+    assert session.checkpoint.metadata is again
+
+
+def test_a_forgotten_metadata_that_changed_is_refused(tmp_path: Path):
+    """Read again, ``_metadata`` must be the bytes first read: a checkpoint changed under a run is
+    refused, not mixed."""
+    import shutil
+
+    from ckpt_tool.errors import CheckpointFormatError
+    from ckpt_tool.flink.checkpoint import Checkpoint
+
+    copy = tmp_path / "chk"
+    shutil.copytree(BASE.checkpoint, copy)
+    checkpoint = Checkpoint.open(str(copy))
+    checkpoint.forget_metadata()
+    assert checkpoint.metadata.checkpoint_id > 0  # the same bytes: read again
+    checkpoint.forget_metadata()
+    (copy / "_metadata").write_bytes((copy / "_metadata").read_bytes() + b"\0")
+    with pytest.raises(CheckpointFormatError, match="_metadata changed while ckpt was reading the checkpoint"):
+        assert checkpoint.metadata is None  # raises before
+
+
 def test_a_handle_into_another_channels_file_is_refused(staged_in_files):
     staged = staged_in_files
     by_subtask: dict = {}

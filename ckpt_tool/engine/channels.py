@@ -173,7 +173,7 @@ class ChannelTable:
         """The channels at ``rows`` (indexes or a mask), in that order, with only their own sources
         and offsets (a table handed to another process carries no more than its channels)."""
         rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
-        counts = (self.inputs[rows] + self.outputs[rows]).astype(np.int64)
+        counts = self.inputs[rows].astype(np.int64) + self.outputs[rows]
         sources = ranges(self.source_start[rows].astype(np.int64), counts)
         offset_counts = self.offset_count[sources].astype(np.int64)
         offset_starts = np.zeros(len(sources), dtype=np.int64)
@@ -186,11 +186,11 @@ class ChannelTable:
             self.upstream[rows],
             self.downstream[rows],
             self.size[rows],
-            _narrow(source_starts),
+            narrow(source_starts),
             self.inputs[rows],
             self.outputs[rows],
             source_file.reshape(-1).astype(np.int32),
-            _narrow(offset_starts),
+            narrow(offset_starts),
             offset_counts.astype(np.int32),
             self.offsets[ranges(self.offset_start[sources].astype(np.int64), offset_counts)],
             [self.files[i] for i in used.tolist()],
@@ -199,12 +199,23 @@ class ChannelTable:
         )
 
 
-def _narrow(column: np.ndarray) -> np.ndarray:
-    """``column`` as int32 where its values fit with room to spare (positions and sizes: a table
-    of p² channels keeps them at half the bytes); else as it is."""
-    if len(column) and (int(column.max()) >= 1 << 30 or int(column.min()) < 0):
+# the integer types a table's columns are narrowed to, each with the values it is used for: at
+# most an eighth of its range (int32: half), so that a sum of two, or an index one past, never wraps
+_NARROW = ((np.int8, 1 << 4), (np.int16, 1 << 12), (np.int32, 1 << 30))
+
+
+def narrow(column: np.ndarray, smallest: type = np.int32) -> np.ndarray:
+    """``column`` in the smallest integer type from ``smallest`` up (int8, int16, int32) where its
+    values fit with room to spare (positions, sizes, counts, subtasks: a table of p² channels
+    keeps them at a half to an eighth of the bytes); else as it is. Callers widen before any
+    arithmetic that could leave that room (shifts, products, sums of many)."""
+    low, high = (int(column.min()), int(column.max())) if len(column) else (0, 0)
+    if low < 0:
         return column
-    return column.astype(np.int32)
+    for kind, limit in _NARROW:
+        if np.dtype(kind).itemsize >= np.dtype(smallest).itemsize and high < limit:
+            return column if column.dtype == kind else column.astype(kind)
+    return column
 
 
 def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -346,20 +357,31 @@ def channel_tasks(
         _add_side(sources, downstream, INPUT, exchange.gate, pointwise, upstream)
         _add_side(sources, upstream, OUTPUT, exchange.partition, pointwise, downstream)
     key, rows, order = sources.joined()
-    count = rows["count"] if order is None else rows["count"][order]
-    offset_start = np.zeros(len(count), dtype=np.int64)  # each source's offsets as the table keeps them
-    np.cumsum(count[:-1], out=offset_start[1:])
+    # each column in table order and narrowed as it comes, the old one dropped at once (a table of
+    # p² channels: at p=4,096 each column of 16.8 million rows is 134 MB as int64)
     offsets = rows.pop("offsets")
     if order is not None:  # in the sources' order
-        gathered_start = np.zeros(len(order), dtype=np.int64)
-        np.cumsum(rows["count"][:-1], out=gathered_start[1:])
-        offsets = offsets[ranges(gathered_start[order], count)]
-        del gathered_start
-    side = (key & 1).astype(np.int32)
+        if bool((rows["count"] == 1).all()):  # a buffer per source (as at high parallelism)
+            offsets = offsets[order]
+        else:
+            gathered_start = np.zeros(len(order), dtype=np.int64)
+            np.cumsum(rows["count"][:-1], out=gathered_start[1:])
+            offsets = offsets[ranges(gathered_start[order], rows["count"][order])]
+            del gathered_start
+        for name in ("count", "size", "file"):
+            rows[name] = rows[name][order]
+        del order
+    offsets = narrow(offsets)
+    count = narrow(rows.pop("count"), np.int8)
+    file = narrow(rows.pop("file"), np.int16)
+    offset_start = np.zeros(len(count), dtype=np.int64)  # each source's offsets as the table keeps them
+    np.cumsum(count[:-1], out=offset_start[1:])
+    offset_start = narrow(offset_start)
+    side = (key & 1).astype(np.int8)
     key >>= 1  # the channel
     new_channel = np.ones(len(key), dtype=bool)
     np.not_equal(key[1:], key[:-1], out=new_channel[1:])
-    size = rows["size"] if order is None else rows["size"][order]
+    size = rows.pop("size")
     if new_channel.all():  # a source per channel (as at high parallelism): the rows are the channels
         del new_channel
         channel, outputs = key, side
@@ -370,30 +392,30 @@ def channel_tasks(
         del new_channel
         channel = key[starts]
         per_channel = np.diff(np.append(starts, len(side))).astype(np.int32)
-        outputs = np.add.reduceat(side, starts).astype(np.int32) if len(starts) else np.zeros(0, dtype=np.int32)
+        outputs = np.add.reduceat(side.astype(np.int32), starts) if len(starts) else np.zeros(0, dtype=np.int32)
         inputs = per_channel - outputs
         size = np.add.reduceat(size, starts) if len(starts) else np.zeros(0, dtype=np.int64)
     del key, side
-    file = rows["file"] if order is None else rows["file"][order]
-    first, second = ((channel >> 16) & 0xFFFF).astype(np.int32), (channel & 0xFFFF).astype(np.int32)
+    size = narrow(size)
+    first, second = narrow((channel >> 16) & 0xFFFF, np.int16), narrow(channel & 0xFFFF, np.int16)
     ups, downs = (second, first) if by_downstream else (first, second)
     table = ChannelTable(
-        (channel >> 47).astype(np.int32),
+        narrow(channel >> 47, np.int8),
         ups,
         downs,
-        _narrow(size),
-        _narrow(starts),
-        inputs,
-        outputs,
+        size,
+        narrow(starts),
+        narrow(inputs, np.int8),
+        narrow(outputs, np.int8),
         file,
-        _narrow(offset_start),
+        offset_start,
         count,
         offsets,
         sources.files,
         [metadata.operator(e.downstream_id).max_parallelism for e in exchanges],
         [metadata.operator(e.downstream_id).parallelism for e in exchanges],
     )
-    del rows, size, file, channel, count, offsets, offset_start, starts
+    del rows, size, file, channel, count, offsets, offset_start, starts, first, second, ups, downs
     release_memory()  # what building it from many pieces left on the heap
     return table
 

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
+import xxhash
+
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.changelog import COMPRESSED, changelog_files
 from ckpt_tool.flink.job_dir import newest_complete
@@ -77,13 +79,41 @@ class PathMapping:
 class Checkpoint:
     uri: str
     io: FileIO
-    metadata: CheckpointMetadata
+    _metadata: Optional[CheckpointMetadata]  # None: forgotten (``forget_metadata``), read again when asked
     paths: PathMapping
     _locations: dict[tuple[bool, str], str] = field(default_factory=dict, repr=False, compare=False)
     chosen_from: Optional[str] = None  # the job directory it was chosen from, when it was given one
     _handle_locations: dict[int, tuple] = field(default_factory=dict, repr=False, compare=False)
     _job_dir: Optional[tuple[str, str]] = field(default=None, repr=False, compare=False)
     _beneath: dict[str, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
+    _metadata_digest: Optional[bytes] = field(default=None, repr=False, compare=False)  # of the bytes parsed
+
+    @property
+    def metadata(self) -> CheckpointMetadata:
+        """The parsed ``_metadata``; read and parsed again if it was forgotten (the same bytes, or
+        a CheckpointFormatError: the input changed while ckpt ran)."""
+        if self._metadata is None:
+            data = self.io.read_at_most(self.metadata_uri, MAX_METADATA_BYTES)
+            if xxhash.xxh3_128_digest(data) != self._metadata_digest:
+                raise CheckpointFormatError(f"{self.metadata_uri} changed while ckpt was reading the checkpoint")
+            self._metadata = read_metadata(data, source=self.metadata_uri)
+        return self._metadata
+
+    @metadata.setter
+    def metadata(self, metadata: CheckpointMetadata) -> None:
+        self._metadata, self._metadata_digest = metadata, None
+
+    @property
+    def metadata_uri(self) -> str:
+        return join(self.uri, METADATA_FILE)
+
+    def forget_metadata(self) -> None:
+        """Drop the parsed metadata until it is next asked for (then read again from the same
+        bytes): a rewrite that has taken what it needs from the channel handles of a job at high
+        parallelism no longer holds them (hundreds of MB at p=4,096). Only where the bytes it was
+        parsed from are known (``open``)."""
+        if self._metadata_digest is not None:
+            self._metadata = None
 
     @staticmethod
     def open(uri: str) -> Checkpoint:
@@ -101,9 +131,12 @@ class Checkpoint:
             chosen_from, uri = uri, newest.uri
         io = io_for(uri).confined(job_directory(uri))  # every file named in the job directory is read there
         metadata_uri = join(uri, METADATA_FILE)
-        metadata = read_metadata(io.read_at_most(metadata_uri, MAX_METADATA_BYTES), source=metadata_uri)
+        data = io.read_at_most(metadata_uri, MAX_METADATA_BYTES)
+        metadata = read_metadata(data, source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
         checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri), chosen_from=chosen_from)
+        checkpoint._metadata_digest = xxhash.xxh3_128_digest(data)
+        del data
         if is_local(uri):
             checkpoint.refuse_escaping_links()
         return checkpoint

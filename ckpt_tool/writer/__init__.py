@@ -96,6 +96,7 @@ def write_checkpoint(
     already_written: frozenset[str] = frozenset(),
     claim: Optional[Claim] = None,
     channel_handles: Optional[str] = None,
+    source_form: Optional[str] = None,
 ) -> CheckpointMetadata:
     """Write ``metadata`` as a checkpoint at ``dst``, under ``claim`` (else under a claim of its own).
 
@@ -110,14 +111,15 @@ def write_checkpoint(
     plain ones (``release_source_directories``). Channel state handles are written in the form
     ``channel_handles`` names (``plain`` or ``merged``), by default in the form of ``src``'s
     (``channel_handle_form``): what Flink wrote, Flink reads; but plain where merged handles would
-    each hold one channel (``merging_gains``), as they would only be larger. Every file is made no more readable
-    than the source's, and ``_metadata`` is written last.
+    each hold one channel (``merging_gains``), as they would only be larger. ``source_form``: the
+    form of ``src``'s handles where the caller took it before ``src`` forgot its metadata. Every
+    file is made no more readable than the source's, and ``_metadata`` is written last.
     """
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst)
     if claim is None:
         with claimed(dst) as own:
-            return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own, channel_handles)
+            return write_checkpoint(src, metadata, dst, new_files, progress, already_written, own, channel_handles, source_form)
     out = io_for(dst)
     job_dir = parent(src.uri)
     copies: dict[tuple[str, Optional[tuple[int, int]]], str] = {}  # (source location, segment) -> name in dst
@@ -146,7 +148,7 @@ def write_checkpoint(
     def copied(location: str, segment: Optional[tuple[int, int]]) -> bytes:
         return src.io.read(location) if segment is None else src.io.read_range(location, *segment)
 
-    form = channel_handles or channel_handle_form(src.metadata)
+    form = channel_handles or source_form or channel_handle_form(src.metadata)
     if channel_handles is None and form == MERGED and not merging_gains(metadata):
         form = PLAIN  # a merged handle per channel would only be larger
     set_channel_handle_form(metadata, form)
