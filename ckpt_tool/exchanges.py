@@ -22,6 +22,7 @@ from ckpt_tool.engine.tasks import ChannelTable, Junction, channel_tasks, juncti
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
@@ -32,10 +33,24 @@ Holders = dict[tuple[int, int, bytes], set[int]]
 
 
 # ``json.dumps`` of a channel's dict in ``ExchangeScan.as_dict``, its misplaced records last (%s: null where not keyed)
+# a channel row of ``ExchangeScan.as_dict()``'s JSON, as the literal text around its values (the
+# last value, misplaced_records, is null where the exchange is not keyed)
 _CHANNEL_ROW = (
-    '{"upstream_subtask": %d, "downstream_subtask": %d, "input_buffers": %d, "output_buffers": %d, "bytes": %d, '
-    '"records": %d, "watermarks": %d, "other_elements": %d, "partial_bytes": %d, "misplaced_records": %s}'
+    '{"upstream_subtask": ',
+    ', "downstream_subtask": ',
+    ', "input_buffers": ',
+    ', "output_buffers": ',
+    ', "bytes": ',
+    ', "records": ',
+    ', "watermarks": ',
+    ', "other_elements": ',
+    ', "partial_bytes": ',
+    ', "misplaced_records": ',
+    "}",
 )
+_KEYED_ROW = tuple(part.encode() for part in _CHANNEL_ROW)
+_UNKEYED_ROW = (*_KEYED_ROW[:-2], _KEYED_ROW[-2] + b"null" + _KEYED_ROW[-1])
+ROWS_AT_ONCE = 1 << 16  # channel rows encoded in one piece
 
 
 @dataclass
@@ -122,15 +137,19 @@ class ExchangeScan:
         return result
 
     def channels_json(self) -> Iterator[str]:
-        """``json.dumps`` of each item of ``as_dict()["channels"]``, made from the columns without
-        the dicts (a job at parallelism p has up to p² channels)."""
-        columns = [self.figures.columns[name] for name in FIGURES[1:]]
-        row, keyed = _CHANNEL_ROW, self.keyed
-        for start in range(0, len(self.figures), 4096):  # rows made a slice at a time
-            values = [column[start : start + 4096].tolist() for column in columns]
-            if not keyed:
-                values[-1] = ["null"] * len(values[-1])
-            yield from (row % items for items in zip(*values))
+        """``json.dumps`` of the items of ``as_dict()["channels"]``, made from the columns without
+        the dicts (a job at parallelism p has up to p² channels): pieces of up to ROWS_AT_ONCE
+        rows, each piece the rows' texts joined by ", " (as a JSON list joins its items)."""
+        keyed = self.keyed
+        names = FIGURES[1:] if keyed else FIGURES[1:-1]
+        columns = [self.figures.columns[name] for name in names]
+        parts = _KEYED_ROW if keyed else _UNKEYED_ROW
+        for start in range(0, len(self.figures), ROWS_AT_ONCE):
+            stop = min(start + ROWS_AT_ONCE, len(self.figures))
+            values = np.empty((stop - start, len(columns)), dtype=np.int64)
+            for j, column in enumerate(columns):
+                values[:, j] = column[start:stop]
+            yield _framing.int_rows(parts, values, b", ").decode()
 
 
 def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):

@@ -152,3 +152,23 @@ def test_equal_key_groups_and_flinks():
         assert groups.tolist() == [key_group_for_hash(h, max_parallelism) for h in signed]
     same("key_groups", hashes, 0)  # the same error
     same("key_groups", hashes.tobytes()[:-1], 128)  # a cut hash code is left out by both
+
+
+def test_equal_int_rows():
+    """``int_rows`` (the JSON of millions of channel rows): the same text from both, for values of
+    every width and sign, literal parts holding '%', no rows, and the same refusals."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate(
+        [rng.integers(-(2**63), 2**63 - 1, 300, dtype=np.int64), int64s([0, -1, 9, 10, -10, 2**63 - 1, -(2**63)])]
+    )
+    for k in (1, 3, 7):
+        rows = values[: len(values) // k * k].reshape(-1, k)
+        parts = tuple(f'{{"f{j}%d": '.encode() if j == 0 else f', "f{j}%s": '.encode() for j in range(k)) + (b"}",)
+        same("int_rows", parts, rows, b", ")
+        same("int_rows", parts, rows[:0], b", ")
+        assert _framing.int_rows(parts, rows[:1], b", ").decode() == "".join(
+            part.decode() + (str(int(v)) if j < k else "") for j, (part, v) in enumerate(zip(parts, [*rows[0], 0]))
+        )
+    same("int_rows", (b"[", b"]"), int64s([1, 2, 3]), b"")
+    same("int_rows", (b"[", b",", b"]"), int64s([1, 2, 3]), b", ")  # not rows of two
+    same("int_rows", (b"x",), int64s([1]), b", ")  # no value per row

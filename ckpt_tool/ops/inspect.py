@@ -35,6 +35,7 @@ from ckpt_tool.flink.model import (
     columns_opened,
     uniform_merged_channels,
 )
+from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.session import Session
 
 if TYPE_CHECKING:
@@ -351,9 +352,13 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
                 if alike is None:  # channel by channel
                     rows += [row % (h.info[0], h.info[1], len(h.offsets), h.payload_bytes, file) for h in handle.channels]
                     continue
-                payload = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
-                columns = (alike["gate"].tolist(), alike["channel"].tolist(), alike["buffers"].tolist(), payload.tolist())
-                rows += [row % (*values, file) for values in zip(*columns)]
+                values = np.empty((len(alike), 4), dtype=np.int64)
+                values[:, 0], values[:, 1], values[:, 2] = alike["gate"], alike["channel"], alike["buffers"]
+                values[:, 3] = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
+                *head, last = row.split("%d")  # the literal text around the four numbers, the file in the last
+                parts = tuple(part.encode() for part in (*head, last.replace("%s", file, 1)))
+                if len(alike):  # their rows in one piece (a subtask at parallelism p holds p of them)
+                    rows.append(_framing.int_rows(parts, values, b", ").decode())
         return "[" + ", ".join(rows) + "]"
 
     return encode

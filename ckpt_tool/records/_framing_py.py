@@ -174,5 +174,18 @@ def key_groups(hashes: Any, max_parallelism: int) -> bytes:
     return (positive % max_parallelism).astype(np.int32).tobytes()
 
 
+def int_rows(parts: tuple[bytes, ...], values: Any, separator: bytes) -> bytes:
+    """A row per ``len(parts) - 1`` int64s of ``values``: the parts with the row's values in
+    decimal between them; the rows joined by ``separator``."""
+    if not isinstance(parts, tuple) or not all(isinstance(part, bytes) for part in parts):
+        raise TypeError("parts must be a tuple of bytes")
+    k = len(parts) - 1
+    flat = _int64s(values) if memoryview(values).nbytes else np.zeros(0, dtype=np.int64)  # no rows: no shape to cast
+    if k < 1 or len(flat) % k:
+        raise ValueError("values are not rows of len(parts) - 1 int64s")
+    template = b"%d".join(part.replace(b"%", b"%%") for part in parts)
+    return bytes(separator).join([template % tuple(row) for row in flat.reshape(-1, k).tolist()])
+
+
 def reuse_memory() -> None:
     """glibc's mallopt tuning of the C module; nothing to do here."""
