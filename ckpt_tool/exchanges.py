@@ -32,7 +32,6 @@ from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 Holders = dict[tuple[int, int, bytes], set[int]]
 
 
-# ``json.dumps`` of a channel's dict in ``ExchangeScan.as_dict``, its misplaced records last (%s: null where not keyed)
 # a channel row of ``ExchangeScan.as_dict()``'s JSON, as the literal text around its values (the
 # last value, misplaced_records, is null where the exchange is not keyed)
 _CHANNEL_ROW = (

@@ -174,6 +174,18 @@ def test_the_staged_source_forgot_its_metadata_and_reads_it_again(staged):
     assert session.checkpoint.metadata is again
 
 
+def test_a_whole_rescale_does_not_read_the_forgotten_metadata_again(tmp_path: Path):
+    """From routing to `_metadata`, nothing asks for the source's parsed metadata again: a rescale
+    at high parallelism holds it (hundreds of MB) only until its channel handles are in the table."""
+    from ckpt_tool.ops.rescale import rescale
+
+    with Session.open(str(BASE.checkpoint), BASE.schema, BASE.plan, "local") as session:
+        report = rescale(session, str(tmp_path / "out"), 5)
+        assert session.checkpoint._metadata is None
+    assert report.records_out == report.records_in > 0
+    assert (tmp_path / "out" / "_metadata").exists()
+
+
 def test_a_forgotten_metadata_that_changed_is_refused(tmp_path: Path):
     """Read again, ``_metadata`` must be the bytes first read: a checkpoint changed under a run is
     refused, not mixed."""

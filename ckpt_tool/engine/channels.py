@@ -199,8 +199,8 @@ class ChannelTable:
         )
 
 
-# the integer types a table's columns are narrowed to, each with the values it is used for: at
-# most an eighth of its range (int32: half), so that a sum of two, or an index one past, never wraps
+# the integer types a table's columns are narrowed to, each for values below a sixteenth of its
+# range (int32: a quarter), so that a sum of two, or an index one past, never wraps
 _NARROW = ((np.int8, 1 << 4), (np.int16, 1 << 12), (np.int32, 1 << 30))
 
 

@@ -87,6 +87,7 @@ class Checkpoint:
     _job_dir: Optional[tuple[str, str]] = field(default=None, repr=False, compare=False)
     _beneath: dict[str, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
     _metadata_digest: Optional[bytes] = field(default=None, repr=False, compare=False)  # of the bytes parsed
+    _referenced: Optional[list[str]] = field(default=None, repr=False, compare=False)  # kept while forgotten
 
     @property
     def metadata(self) -> CheckpointMetadata:
@@ -101,7 +102,7 @@ class Checkpoint:
 
     @metadata.setter
     def metadata(self, metadata: CheckpointMetadata) -> None:
-        self._metadata, self._metadata_digest = metadata, None
+        self._metadata, self._metadata_digest, self._referenced = metadata, None, None
 
     @property
     def metadata_uri(self) -> str:
@@ -111,8 +112,10 @@ class Checkpoint:
         """Drop the parsed metadata until it is next asked for (then read again from the same
         bytes): a rewrite that has taken what it needs from the channel handles of a job at high
         parallelism no longer holds them (hundreds of MB at p=4,096). Only where the bytes it was
-        parsed from are known (``open``)."""
-        if self._metadata_digest is not None:
+        parsed from are known (``open``). The files it references (a path each) are kept: the
+        writer asks for them last, to make no output file more readable than the source's."""
+        if self._metadata_digest is not None and self._metadata is not None:
+            self._referenced = self.referenced_files()
             self._metadata = None
 
     @staticmethod
@@ -178,6 +181,8 @@ class Checkpoint:
 
     def referenced_files(self) -> list[str]:
         """Every file the metadata references, where it is now, without duplicates."""
+        if self._metadata is None and self._referenced is not None:  # forgotten: not read again for this
+            return list(self._referenced)
         found = (self.location(h) for h in iter_stream_handles(self.metadata))
         return sorted({uri for uri in found if uri is not None})
 
