@@ -128,10 +128,14 @@ def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
         writer = write_channel_state_file(LocalFileIO(), uri, pieces, buffer_size=4096)
         made = small_channels_file(pieces, buffer_size=4096)
         assert made is not None
-        data, placements, streams = made
-        assert data == (tmp_path / f"file-{case}").read_bytes()
-        assert {t: (p.offsets, p.size) for t, p in placements.items()} == {
-            t: (p.offsets, p.size) for t, p in writer.placements.items()
+        assert made.data == (tmp_path / f"file-{case}").read_bytes()
+        placements = {
+            t: ([o] if o >= 0 else [], z) for t, o, z in zip(made.targets.tolist(), made.offsets.tolist(), made.sizes.tolist())
         }
-        assert streams == {t: b"".join(d for u, d in pieces if u == t) for t in streams}
+        assert placements == {t: (p.offsets, p.size) for t, p in writer.placements.items()}
+        assert {t: bytes(made.stream(i)) for i, t in enumerate(made.targets.tolist())} == {
+            t: b"".join(d for u, d in pieces if u == t) for t in placements
+        }
     assert small_channels_file([(1, b"x" * 10), (2, b"y" * 3), (1, b"z" * 6)], buffer_size=16) is None
+    none = small_channels_file([], buffer_size=16)
+    assert none is not None and none.data == (tmp_path / "file-0").read_bytes()[:4] and not len(none.targets)

@@ -44,6 +44,7 @@ from ckpt_tool.flink.channel_state import (
     ChannelStateReader,
     ChannelStateWriter,
     Placement,
+    SmallChannelsFile,
     in_order,
     small_channels_file,
 )
@@ -495,6 +496,30 @@ def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, A
     )
 
 
+def _placed_small(small: SmallChannelsFile, items: list, shift: int) -> Placed:
+    """``_placed`` of a file made at once: a buffer per non-empty target (``items``: the routed
+    (target, records, count) pieces it was made of)."""
+    targets = np.fromiter((target for target, _, _ in items), dtype=np.int64, count=len(items))
+    counts = np.fromiter((count for _, _, count in items), dtype=np.int64, count=len(items))
+    records = np.bincount(np.searchsorted(small.targets, targets), weights=counts, minlength=len(small.targets))
+    held, view = small.offsets >= 0, memoryview(small.data)
+    bounds = np.zeros(len(small.targets) + 1, dtype=np.int64)
+    np.cumsum(held, out=bounds[1:])
+    return Placed(
+        narrow(small.targets),
+        narrow(small.sizes),
+        narrow(records.astype(np.int64)),
+        b"".join(
+            [
+                xxhash.xxh3_128(view[offset + 4 : offset + size] if offset >= 0 else b"").digest()
+                for offset, size in zip(small.offsets.tolist(), small.sizes.tolist())
+            ]
+        ),
+        narrow(small.offsets[held] + shift),
+        narrow(bounds),
+    )
+
+
 class RouteTasks:
     """The route tasks of a rescale, made lazily (``Lazy``: an engine makes a batch's tasks where
     it runs): task i is new input channel ``new_channel[i]`` of exchange ``exchange[i]``, fed by
@@ -599,12 +624,9 @@ def route_task(
         items = list(items)
         small = small_channels_file((target, framed) for target, framed, _ in items)
         if small is not None:
-            data, placements, streams = small
-            shift, rest = writer.append(data)
+            shift, rest = writer.append(small.data)
             yield rest
-            for target, _, count in items:
-                records[target] += count
-            result.placed = _placed(placements, records, {t: xxhash.xxh3_128(s) for t, s in streams.items()}, shift)
+            result.placed = _placed_small(small, items, shift)
             return
     for target, piece, count in items:
         records[target] += count
