@@ -10,6 +10,7 @@ from ckpt_tool.flink.channel_state import (
     BufferSource,
     ChannelStateReader,
     ChannelStateWriter,
+    Pieces,
     pointwise_channels,
     small_channels_file,
     write_channel_state_file,
@@ -126,7 +127,7 @@ def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
         pieces = [(rng.choice(targets), bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))) for _ in range(200)]
         uri = str(tmp_path / f"file-{case}")
         writer = write_channel_state_file(LocalFileIO(), uri, pieces, buffer_size=4096)
-        made = small_channels_file(pieces, buffer_size=4096)
+        made = small_channels_file(Pieces.of([(t, d, 1) for t, d in pieces]), buffer_size=4096)
         assert made is not None
         assert made.data == (tmp_path / f"file-{case}").read_bytes()
         placements = {
@@ -136,6 +137,8 @@ def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
         assert {t: bytes(made.stream(i)) for i, t in enumerate(made.targets.tolist())} == {
             t: b"".join(d for u, d in pieces if u == t) for t in placements
         }
-    assert small_channels_file([(1, b"x" * 10), (2, b"y" * 3), (1, b"z" * 6)], buffer_size=16) is None
-    none = small_channels_file([], buffer_size=16)
+        assert made.records.tolist() == [sum(1 for u, _ in pieces if u == t) for t in made.targets.tolist()]
+        assert list(Pieces.of([(t, d, 1) for t, d in pieces])) == [(t, d, 1) for t, d in pieces]
+    assert small_channels_file(Pieces.of([(1, b"x" * 10, 1), (2, b"y" * 3, 1), (1, b"z" * 6, 1)]), buffer_size=16) is None
+    none = small_channels_file(Pieces.of([]), buffer_size=16)
     assert none is not None and none.data == (tmp_path / "file-0").read_bytes()[:4] and not len(none.targets)

@@ -156,6 +156,12 @@ def test_channel_table_makes_the_channels_logical_channels_pairs(fixture):
     middle = len(table) // 2
     parts = [table.part(0, middle), table.take(np.arange(0)), table.part(middle, len(table))]
     assert [_made(t) for t in ChannelTable.concatenate(parts)] == reference
+    # slices share the table's files, and joined again keep them (as a route batch takes its tasks)
+    cuts = [0, len(table) // 3, len(table) // 3, 2 * len(table) // 3, len(table)]
+    slices = [table.slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    assert [_made(t) for piece in slices for t in piece] == reference
+    assert all(piece.files is table.files for piece in slices if len(piece))
+    assert [_made(t) for t in ChannelTable.concatenate([p for p in slices if len(p)])] == reference
     backwards = np.arange(len(table))[::-1]
     assert [_made(t) for t in table.take(backwards)] == reference[::-1]
     assert [_made(t) for t in table.take(np.arange(len(table)) % 2 == 0)] == reference[::2]

@@ -84,6 +84,33 @@ class ChannelTable:
         forked worker or Spark gets columns, and makes tasks only where it needs them)."""
         return self.take(np.arange(start, max(start, stop)))
 
+    def slice(self, start: int, stop: int) -> ChannelTable:
+        """Rows ``start`` to ``stop`` as a table that shares this one's files and, where it can,
+        its columns (the sources of consecutive rows, and their offsets, lie one after another):
+        the route tasks of one engine task, taken from its table without a copy each."""
+        if start >= stop:
+            return self.take(np.zeros(0, dtype=np.int64))
+        first = int(self.source_start[start])
+        last = int(self.source_start[stop - 1]) + int(self.inputs[stop - 1]) + int(self.outputs[stop - 1])
+        low = int(self.offset_start[first])
+        high = int(self.offset_start[last - 1]) + int(self.offset_count[last - 1])
+        return ChannelTable(
+            self.exchange_index[start:stop],
+            self.upstream[start:stop],
+            self.downstream[start:stop],
+            self.size[start:stop],
+            self.source_start[start:stop] - first,
+            self.inputs[start:stop],
+            self.outputs[start:stop],
+            self.source_file[first:last],
+            self.offset_start[first:last] - low,
+            self.offset_count[first:last],
+            self.offsets[low:high],
+            self.files,
+            self.max_parallelism,
+            self.parallelism,
+        )
+
     def tasks(self, start: int, stop: int) -> list[ChannelTask]:
         """The tasks of rows ``start`` to ``stop`` (made from a few column slices: the sources of
         consecutive rows, and their offsets, lie one after another)."""
@@ -134,14 +161,19 @@ class ChannelTable:
 
     @staticmethod
     def concatenate(tables: list[ChannelTable]) -> ChannelTable:
-        """The rows of ``tables`` one after another, in one table (each file listed once). The
-        tables are of one build (``channel_tasks``): they share the exchanges."""
+        """The rows of ``tables`` one after another, in one table (each file listed once; slices
+        of one table keep its list of files). The tables are of one build (``channel_tasks``):
+        they share the exchanges."""
         files: dict[FileOf, int] = {}
         source_files, source_starts, offset_starts = [], [], []
         sources = offsets = 0
+        shared = bool(tables) and all(table.files is tables[0].files for table in tables)  # slices of one table
         for table in tables:
-            mapping = np.array([files.setdefault(f, len(files)) for f in table.files], dtype=np.int64)
-            source_files.append(mapping[table.source_file] if len(table.source_file) else table.source_file.astype(np.int64))
+            if shared:
+                source_files.append(table.source_file)
+            else:
+                mapping = np.array([files.setdefault(f, len(files)) for f in table.files], dtype=np.int64)
+                source_files.append(mapping[table.source_file] if len(table.source_file) else table.source_file.astype(np.int64))
             source_starts.append(table.source_start.astype(np.int64) + sources)
             offset_starts.append(table.offset_start.astype(np.int64) + offsets)
             sources += len(table.source_file)
@@ -164,7 +196,7 @@ class ChannelTable:
             joined("offset_start", offset_starts),
             joined("offset_count"),
             joined("offsets"),
-            list(files),
+            list(tables[0].files) if shared else list(files),  # shared: the same indexes
             first.max_parallelism if first else [],
             first.parallelism if first else [],
         )

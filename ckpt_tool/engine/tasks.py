@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, groupby
 from typing import Any, Optional
@@ -43,6 +43,7 @@ from ckpt_tool.flink.channel_state import (
     BufferSource,
     ChannelStateReader,
     ChannelStateWriter,
+    Pieces,
     Placement,
     SmallChannelsFile,
     in_order,
@@ -496,19 +497,15 @@ def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, A
     )
 
 
-def _placed_small(small: SmallChannelsFile, items: list, shift: int) -> Placed:
-    """``_placed`` of a file made at once: a buffer per non-empty target (``items``: the routed
-    (target, records, count) pieces it was made of)."""
-    targets = np.fromiter((target for target, _, _ in items), dtype=np.int64, count=len(items))
-    counts = np.fromiter((count for _, _, count in items), dtype=np.int64, count=len(items))
-    records = np.bincount(np.searchsorted(small.targets, targets), weights=counts, minlength=len(small.targets))
+def _placed_small(small: SmallChannelsFile, shift: int) -> Placed:
+    """``_placed`` of a file made at once: a buffer per non-empty target."""
     held, view = small.offsets >= 0, memoryview(small.data)
     bounds = np.zeros(len(small.targets) + 1, dtype=np.int64)
     np.cumsum(held, out=bounds[1:])
     return Placed(
         narrow(small.targets),
         narrow(small.sizes),
-        narrow(records.astype(np.int64)),
+        narrow(small.records),
         b"".join(
             [
                 xxhash.xxh3_128(view[offset + 4 : offset + size] if offset >= 0 else b"").digest()
@@ -554,9 +551,15 @@ class RouteTasks:
         return np.add.reduceat(self.table.size.astype(np.int64), self.bounds[:-1])
 
     def part(self, start: int, stop: int) -> list[RouteTask]:
-        bounds, table = self.bounds.tolist(), self.table
+        """Tasks ``start`` to ``stop``: the rows of all of them taken at once, each task a slice
+        of those (``ChannelTable.slice``, sharing the files)."""
+        bounds = self.bounds.tolist()
+        base = bounds[start] if start < stop else 0
+        rows = self.table.part(base, bounds[stop]) if start < stop else self.table.part(0, 0)
         return [
-            RouteTask(int(self.exchange[i]), int(self.new_channel[i]), table.part(bounds[i], bounds[i + 1]), self.names[i])
+            RouteTask(
+                int(self.exchange[i]), int(self.new_channel[i]), rows.slice(bounds[i] - base, bounds[i + 1] - base), self.names[i]
+            )
             for i in range(start, stop)
         ]
 
@@ -592,7 +595,7 @@ def route_task(
     table = task.channels  # in (upstream, downstream) order
     old_parallelism = table.parallelism[task.exchange_index]
 
-    def together(start: int, stop: int) -> Optional[list]:
+    def together(start: int, stop: int) -> Optional[Pieces]:
         if int(table.size[start:stop].sum()) > SMALL_CHANNEL * (stop - start):  # large channels: one by one is faster
             return None
         try:
@@ -612,23 +615,25 @@ def route_task(
         with naming(spec.label):
             yield from route_upstream(decoded, spec, keys, result.counters, channels[0].upstream_subtask, old_parallelism)
 
-    def routed():
-        """(target, framed records, their count), upstream subtask by upstream subtask."""
+    def routed() -> Iterator[Iterable[tuple[int, Any, int]]]:
+        """Pieces (target, framed records, their count), upstream subtask by upstream subtask:
+        columns where routed together, else as ``route_upstream`` yields them."""
         bounds = np.flatnonzero(np.diff(table.upstream, prepend=-1)).tolist() + [len(table)] if len(table) else [0]
         for start, stop in zip(bounds[:-1], bounds[1:]):
             together_routed = together(start, stop)
-            yield from one_by_one(start, stop) if together_routed is None else together_routed
+            yield one_by_one(start, stop) if together_routed is None else together_routed
 
-    items = routed()
+    blocks: Iterable[Iterable[tuple[int, Any, int]]] = routed()
     if task.size <= COLLECT_BYTES:  # small: routed first, then written at once where every channel is one buffer
-        items = list(items)
-        small = small_channels_file((target, framed) for target, framed, _ in items)
+        columns = [block if isinstance(block, Pieces) else Pieces.of(list(block)) for block in blocks]
+        blocks = columns
+        small = small_channels_file(Pieces.concatenate(columns))
         if small is not None:
             shift, rest = writer.append(small.data)
             yield rest
-            result.placed = _placed_small(small, items, shift)
+            result.placed = _placed_small(small, shift)
             return
-    for target, piece, count in items:
+    for target, piece, count in chain.from_iterable(blocks):
         records[target] += count
         digests.setdefault(target, xxhash.xxh3_128()).update(piece)
         yield from writer.add(target, piece)

@@ -403,15 +403,63 @@ class ChannelStateWriter:
 
 
 @dataclass
+class Pieces:
+    """Pieces of channels for a channel-state file, as columns: piece i goes to target
+    ``targets[i]`` (a new subtask's channel), its bytes are ``data[begins[i]:ends[i]]`` (whole
+    records), and it holds ``records[i]`` records (the router's count). Iterates as
+    (target, bytes, records) tuples, in order."""
+
+    targets: np.ndarray
+    data: bytes
+    begins: np.ndarray
+    ends: np.ndarray
+    records: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __iter__(self) -> Iterator[tuple[int, memoryview, int]]:
+        view = memoryview(self.data)
+        for target, begin, end, count in zip(
+            self.targets.tolist(), self.begins.tolist(), self.ends.tolist(), self.records.tolist()
+        ):
+            yield target, view[begin:end], count
+
+    @staticmethod
+    def of(pieces: Sequence[tuple[int, Any, int]]) -> Pieces:
+        """Columns of (target, bytes, records) tuples."""
+        lengths = np.fromiter((len(data) for _, data, _ in pieces), dtype=np.int64, count=len(pieces))
+        ends = np.cumsum(lengths)
+        return Pieces(
+            np.fromiter((target for target, _, _ in pieces), dtype=np.int64, count=len(pieces)),
+            b"".join([data for _, data, _ in pieces]),
+            ends - lengths,
+            ends,
+            np.fromiter((count for _, _, count in pieces), dtype=np.int64, count=len(pieces)),
+        )
+
+    @staticmethod
+    def concatenate(parts: Sequence[Pieces]) -> Pieces:
+        """The pieces of ``parts`` one after another."""
+        shifts = np.cumsum([0] + [len(part.data) for part in parts])
+        joined = [np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64) for columns in zip(*[
+            (part.targets, part.begins + shift, part.ends + shift, part.records) for part, shift in zip(parts, shifts.tolist())
+        ])] or [np.zeros(0, dtype=np.int64)] * 4  # fmt: skip
+        return Pieces(joined[0], b"".join([part.data for part in parts]), joined[1], joined[2], joined[3])
+
+
+@dataclass
 class SmallChannelsFile:
     """A channel-state file made at once (``small_channels_file``): its bytes (the header, then each
     non-empty target's one buffer, in target order) and, per target in that order, its buffer's
-    offset (-1: none, its channel is empty) and the handle's state size (4 + payload, or 0)."""
+    offset (-1: none, its channel is empty), the handle's state size (4 + payload, or 0) and the
+    records routed to it."""
 
     data: bytes
     targets: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
+    records: np.ndarray
 
     def stream(self, i: int) -> memoryview:
         """Target i's payload (its channel's bytes)."""
@@ -419,36 +467,39 @@ class SmallChannelsFile:
         return memoryview(self.data)[start : start + int(self.sizes[i]) - 4] if self.offsets[i] >= 0 else memoryview(b"")
 
 
-def small_channels_file(pieces: Iterable[tuple[int, Any]], buffer_size: int = BUFFER_SIZE) -> Optional[SmallChannelsFile]:
+def small_channels_file(pieces: Pieces, buffer_size: int = BUFFER_SIZE) -> Optional[SmallChannelsFile]:
     """The file ``ChannelStateWriter`` writes from these pieces, made at once where no target's
     channel fills a buffer (then each non-empty one is a single partial buffer, written at the
     end in target order, as ``finish`` writes them). None where some target fills a buffer. A
     rescale at high parallelism routes a few records into each of thousands of channels: the
-    targets are grouped and the file laid out with NumPy, and its bytes made with one gather,
-    instead of an object and a few calls per target."""
-    listed = list(pieces)
-    count = len(listed)
-    targets = np.fromiter((target for target, _ in listed), dtype=np.int64, count=count)
-    lengths = np.fromiter((len(data) for _, data in listed), dtype=np.int64, count=count)
-    order = np.argsort(targets, kind="stable")  # a target's pieces stay in the order they came
-    joined = b"".join([listed[i][1] for i in order.tolist()])  # each target's stream, target after target
-    ordered = targets[order]
+    pieces are grouped by target and the file laid out with NumPy, and its bytes made with one
+    gather, instead of an object and a few calls per target."""
+    count = len(pieces)
+    order = np.argsort(pieces.targets, kind="stable")  # a target's pieces stay in the order they came
+    ordered = pieces.targets[order]
     firsts = np.flatnonzero(np.diff(ordered, prepend=-1) != 0) if count else ordered
-    payload = np.add.reduceat(lengths[order], firsts) if count else lengths
+    lengths = (pieces.ends - pieces.begins)[order]
+    payload = np.add.reduceat(lengths, firsts) if count else lengths
     if (payload >= buffer_size).any():
         return None
+    target_of = np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, count)))
     held = payload > 0
     sizes = np.where(held, 4 + payload, 0)
     offsets = len(HEADER) + np.cumsum(sizes) - sizes
-    streams = np.cumsum(payload) - payload  # where each target's stream starts in ``joined``
-    lengths_at = len(joined) + 4 * np.arange(int(held.sum()), dtype=np.int64)  # their packed lengths, after it
-    starts = np.empty(2 * len(lengths_at), dtype=np.int64)
+    # the ranges to gather: before each non-empty target's pieces, its buffer's length (packed after the data)
+    before = np.cumsum(held)  # non-empty targets up to each target, itself included
+    starts = np.empty(count + int(before[-1] if len(before) else 0), dtype=np.int64)
     ends = np.empty_like(starts)
-    starts[0::2], ends[0::2] = lengths_at, lengths_at + 4
-    starts[1::2], ends[1::2] = streams[held], streams[held] + payload[held]
-    source = joined + payload[held].astype(">i4").tobytes()
-    data = HEADER + _framing.gather(source, starts, ends)
-    return SmallChannelsFile(data, ordered[firsts], np.where(held, offsets, -1), sizes)
+    at = np.arange(count) + before[target_of]
+    starts[at], ends[at] = pieces.begins[order], pieces.ends[order]
+    lengths_at = (firsts + before - 1)[held]
+    starts[lengths_at] = len(pieces.data) + 4 * np.arange(len(lengths_at), dtype=np.int64)
+    ends[lengths_at] = starts[lengths_at] + 4
+    source = bytes(pieces.data) + payload[held].astype(">i4").tobytes()
+    records = np.bincount(target_of, weights=pieces.records[order], minlength=len(firsts)).astype(np.int64)
+    return SmallChannelsFile(
+        HEADER + _framing.gather(source, starts, ends), ordered[firsts], np.where(held, offsets, -1), sizes, records
+    )
 
 
 def write_channel_state_file(

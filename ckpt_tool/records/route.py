@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.channel_state import Pieces
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import operator_index_for_key_group
@@ -163,11 +164,12 @@ def route_together(
     counters: RouteCounters,
     upstream: int = 0,
     old_parallelism: int = 1,
-) -> list[tuple[int, memoryview, int]]:
+) -> Pieces:
     """``route_upstream`` of the framed channels of upstream subtask ``upstream`` (old downstream
     subtask of channel k: ``downstreams[k]``; no channel holds a cut record), with one NumPy pass
     over all their records and one copy of their bytes: the same pieces (new downstream subtask,
-    its records framed, how many), in the same order (channel by channel, targets ascending).
+    its records framed, how many), in the same order (channel by channel, targets ascending), as
+    columns (``Pieces``, which iterate as those tuples).
     Raises NotTogether where records may be held twice (nothing is counted then); a CkptError
     where the records do not fit (``route_upstream`` of the channels says which)."""
     records, channel = framed.records, framed.channel
@@ -196,16 +198,12 @@ def route_together(
     chosen = np.flatnonzero(targets >= 0)
     order = chosen[np.argsort(channel[chosen] * spec.new_downstream_parallelism + targets[chosen], kind="stable")]
     if not len(order):
-        return []
-    data = memoryview(_framing.gather(records.data, records.starts[order], records.ends[order]))
+        return Pieces.of([])
+    data = _framing.gather(records.data, records.starts[order], records.ends[order])
     piece_key = channel[order] * spec.new_downstream_parallelism + targets[order]
     cuts = np.flatnonzero(piece_key[1:] != piece_key[:-1]) + 1
     firsts = np.concatenate([[0], cuts])
     lasts = np.concatenate([cuts, [len(order)]])
     sizes = np.cumsum(records.ends[order] - records.starts[order])
-    begins = np.concatenate([[0], sizes[lasts[:-1] - 1]]).tolist()
-    ends = sizes[lasts - 1].tolist()
-    return [
-        (target, data[begin:end], count)
-        for target, begin, end, count in zip(targets[order][firsts].tolist(), begins, ends, (lasts - firsts).tolist())
-    ]
+    begins = np.concatenate([[0], sizes[lasts[:-1] - 1]])
+    return Pieces(targets[order][firsts], data, begins, sizes[lasts - 1], (lasts - firsts).astype(np.int64))
