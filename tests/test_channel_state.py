@@ -134,7 +134,7 @@ def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
             t: ([o] if o >= 0 else [], z) for t, o, z in zip(made.targets.tolist(), made.offsets.tolist(), made.sizes.tolist())
         }
         assert placements == {t: (p.offsets, p.size) for t, p in writer.placements.items()}
-        assert {t: bytes(made.stream(i)) for i, t in enumerate(made.targets.tolist())} == {
+        assert {t: bytes(stream) for t, stream in zip(made.targets.tolist(), made.streams())} == {
             t: b"".join(d for u, d in pieces if u == t) for t in placements
         }
         assert made.records.tolist() == [sum(1 for u, _ in pieces if u == t) for t in made.targets.tolist()]

@@ -221,10 +221,9 @@ def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_p
         assert _merged_digests(Checkpoint.open(str(generated)), reader, subtask, INPUT) is None
 
 
-def test_channel_state_check_reads_a_file_shared_by_subtasks_at_once(ckpt, tmp_path):
-    """ckpt's rescale writes each new channel of every subtask into one file (a subtask's p
-    handles lie in p files): ``verify`` reads each file once for all subtasks, finds a buffer
-    two subtasks reference in one file as a replica, and names a handle that does not read alone."""
+def _rescaled_generated(ckpt, tmp_path, parallelism: int, in_flight: int, new_parallelism: int, **shape) -> Checkpoint:
+    """A checkpoint generated from the base (bench/generate.py, of ``shape``), rescaled by ckpt
+    (the local engine), and found sound by the channel-state check."""
     import sys
     from pathlib import Path
 
@@ -234,12 +233,23 @@ def test_channel_state_check_reads_a_file_shared_by_subtasks_at_once(ckpt, tmp_p
     from ckpt_tool.ops.verify import check_channel_state
 
     source = tmp_path / "job" / "chk-3"
-    generate(source, 6, 3_000_000, handles="plain")
+    generate(source, parallelism, in_flight, **shape)
     rescaled = tmp_path / "out" / "chk-3"
-    code, _, err = ckpt("rescale", str(source), str(rescaled), "-p", "4", "--engine", "local", *inputs(BASE))
+    code, _, err = ckpt("rescale", str(source), str(rescaled), "-p", str(new_parallelism), "--engine", "local", *inputs(BASE))
     assert code == 0, err
     cp = Checkpoint.open(str(rescaled))
     assert [r.problems for r in check_channel_state(cp, True)] == [[], [], []]
+    return cp
+
+
+def test_channel_state_check_reads_a_file_shared_by_subtasks_at_once(ckpt, tmp_path):
+    """ckpt's rescale writes the new channels of an engine task's route tasks into one file, for
+    all subtasks (plain handles here: a handle per channel): ``verify`` reads each file once for
+    all subtasks, finds a buffer two subtasks reference in one file as a replica, and names a
+    handle that does not read alone."""
+    from ckpt_tool.ops.verify import check_channel_state
+
+    cp = _rescaled_generated(ckpt, tmp_path, 6, 3_000_000, 4, handles="plain")
     slow = cp.metadata.operator(SLOW)
     by_file: dict = {}
     for s in slow.subtasks:
@@ -266,24 +276,12 @@ def test_merged_handles_in_a_file_shared_by_subtasks_are_read_at_once(ckpt, tmp_
     subtasks, and for Flink 2.1+ each subtask holds a merged handle per file: ``verify`` reads each
     file once for all subtasks, finds a buffer two subtasks reference in it as a replica, and names
     a channel that does not read alone."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from generate import generate
-
     from ckpt_tool.flink.channel_state import ChannelStateReader
     from ckpt_tool.flink.metadata import merge_channel_handles
     from ckpt_tool.flink.model import MergedChannelStateHandle
     from ckpt_tool.ops.verify import _merged_digests, check_channel_state
 
-    source = tmp_path / "job" / "chk-3"
-    generate(source, 24, 2_000_000, channels="dense")  # small channels: each new one a buffer
-    rescaled = tmp_path / "out" / "chk-3"
-    code, _, err = ckpt("rescale", str(source), str(rescaled), "-p", "18", "--engine", "local", *inputs(BASE))
-    assert code == 0, err
-    cp = Checkpoint.open(str(rescaled))
-    assert [r.problems for r in check_channel_state(cp, True)] == [[], [], []]
+    cp = _rescaled_generated(ckpt, tmp_path, 24, 2_000_000, 18, channels="dense")  # small channels: each new one a buffer
     slow = cp.metadata.operator(SLOW)
     assert all(isinstance(h, MergedChannelStateHandle) for s in slow.subtasks for h in s.input_channels)
     with ChannelStateReader() as reader:  # read as columns, file by file across the subtasks

@@ -499,19 +499,14 @@ def _placed(placed: dict[int, Placement], records: Counter, digests: dict[int, A
 
 def _placed_small(small: SmallChannelsFile, shift: int) -> Placed:
     """``_placed`` of a file made at once: a buffer per non-empty target."""
-    held, view = small.offsets >= 0, memoryview(small.data)
+    held = small.offsets >= 0
     bounds = np.zeros(len(small.targets) + 1, dtype=np.int64)
     np.cumsum(held, out=bounds[1:])
     return Placed(
         narrow(small.targets),
         narrow(small.sizes),
         narrow(small.records),
-        b"".join(
-            [
-                xxhash.xxh3_128(view[offset + 4 : offset + size] if offset >= 0 else b"").digest()
-                for offset, size in zip(small.offsets.tolist(), small.sizes.tolist())
-            ]
-        ),
+        b"".join([xxhash.xxh3_128(stream).digest() for stream in small.streams()]),
         narrow(small.offsets[held] + shift),
         narrow(bounds),
     )
@@ -553,9 +548,11 @@ class RouteTasks:
     def part(self, start: int, stop: int) -> list[RouteTask]:
         """Tasks ``start`` to ``stop``: the rows of all of them taken at once, each task a slice
         of those (``ChannelTable.slice``, sharing the files)."""
+        if start >= stop:
+            return []
         bounds = self.bounds.tolist()
-        base = bounds[start] if start < stop else 0
-        rows = self.table.part(base, bounds[stop]) if start < stop else self.table.part(0, 0)
+        base = bounds[start]
+        rows = self.table.part(base, bounds[stop])
         return [
             RouteTask(
                 int(self.exchange[i]), int(self.new_channel[i]), rows.slice(bounds[i] - base, bounds[i + 1] - base), self.names[i]
@@ -626,13 +623,13 @@ def route_task(
     blocks: Iterable[Iterable[tuple[int, Any, int]]] = routed()
     if task.size <= COLLECT_BYTES:  # small: routed first, then written at once where every channel is one buffer
         columns = [block if isinstance(block, Pieces) else Pieces.of(list(block)) for block in blocks]
-        blocks = columns
         small = small_channels_file(Pieces.concatenate(columns))
         if small is not None:
             shift, rest = writer.append(small.data)
             yield rest
             result.placed = _placed_small(small, shift)
             return
+        blocks = columns  # some channel fills a buffer: streamed, from the pieces routed
     for target, piece, count in chain.from_iterable(blocks):
         records[target] += count
         digests.setdefault(target, xxhash.xxh3_128()).update(piece)

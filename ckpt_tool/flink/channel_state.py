@@ -461,10 +461,11 @@ class SmallChannelsFile:
     sizes: np.ndarray
     records: np.ndarray
 
-    def stream(self, i: int) -> memoryview:
-        """Target i's payload (its channel's bytes)."""
-        start = int(self.offsets[i]) + 4
-        return memoryview(self.data)[start : start + int(self.sizes[i]) - 4] if self.offsets[i] >= 0 else memoryview(b"")
+    def streams(self) -> Iterator[memoryview]:
+        """Each target's payload (its channel's bytes), in target order."""
+        view, empty = memoryview(self.data), memoryview(b"")
+        for offset, size in zip(self.offsets.tolist(), self.sizes.tolist()):
+            yield view[offset + 4 : offset + size] if offset >= 0 else empty
 
 
 def small_channels_file(pieces: Pieces, buffer_size: int = BUFFER_SIZE) -> Optional[SmallChannelsFile]:

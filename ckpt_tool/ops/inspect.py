@@ -331,6 +331,11 @@ _CHANNEL_ROWS = {
     direction: f'{{"direction": {json.dumps(direction)}, "{first}": %d, "{second}": %d, "buffers": %d, "bytes": %d, "file": %s}}'
     for direction, first, second in ((INPUT, "gate", "channel"), (OUTPUT, "partition", "subpartition"))
 }
+# the same rows as the literal text around their four numbers (``int_rows``), the file in the last
+_CHANNEL_PARTS = {
+    direction: (tuple(part.encode() for part in row.split("%d")[:-1]), row.split("%d")[-1])
+    for direction, row in _CHANNEL_ROWS.items()
+}
 
 
 def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], str]:
@@ -352,13 +357,13 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
                 if alike is None:  # channel by channel
                     rows += [row % (h.info[0], h.info[1], len(h.offsets), h.payload_bytes, file) for h in handle.channels]
                     continue
-                values = np.empty((len(alike), 4), dtype=np.int64)
+                if not len(alike):
+                    continue
+                values = np.empty((len(alike), 4), dtype=np.int64)  # their rows in one piece (p of them at parallelism p)
                 values[:, 0], values[:, 1], values[:, 2] = alike["gate"], alike["channel"], alike["buffers"]
                 values[:, 3] = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
-                *head, last = row.split("%d")  # the literal text around the four numbers, the file in the last
-                parts = tuple(part.encode() for part in (*head, last.replace("%s", file, 1)))
-                if len(alike):  # their rows in one piece (a subtask at parallelism p holds p of them)
-                    rows.append(_framing.int_rows(parts, values, b", ").decode())
+                head, last = _CHANNEL_PARTS[direction]
+                rows.append(_framing.int_rows((*head, last.replace("%s", file, 1).encode()), values, b", ").decode())
         return "[" + ", ".join(rows) + "]"
 
     return encode
