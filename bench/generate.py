@@ -99,7 +99,13 @@ def generate(
     metadata = copy.deepcopy(source.metadata)
     slow = metadata.operator(SLOW_COUNT)
     keys_of = keys_by_subtask(slow.max_parallelism, parallelism)
-    filled_channels = sum(filled(u, d, parallelism, channels) for u in range(parallelism) for d in range(parallelism))
+    # the channels the generator fills: not those that hold the fixture's own in-flight data
+    kept = {(s.index, h.info[1]) for s in slow.subtasks for h in s.channel_handles(INPUT) if h.info[0] == 0}
+    filled_channels = sum(
+        filled(u, d.index, parallelism, channels) and (d.index, u) not in kept and bool(keys_of[d.index])
+        for d in slow.subtasks
+        for u in range(parallelism)
+    )
     per_channel = max(1, total_bytes // max(1, filled_channels))
     written, generated, sequence, total = set(), 0, 0, 0
     blocks = {}

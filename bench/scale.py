@@ -2,8 +2,10 @@
 
 For each parallelism (default 16 128 1024 4096) and channel layout (dense: every upstream ->
 downstream channel of the keyed exchange holds data; sparse: one in ten), bench/generate.py writes
-from fixtures/flink23-maxp4096-p2 a checkpoint of about the same bytes (a filled channel holds at least one record, so dense
-layouts at high parallelism hold more). Then, each under ``ulimit -n 1024``:
+from fixtures/flink23-maxp4096-p2 a checkpoint of the same in-flight bytes: the largest parallelism
+first, asked for ``--bytes``, and every smaller one then for the bytes that one holds (a filled
+channel holds at least one record: p=4,096 dense holds 1.6 GB however little is asked, so at
+p=16 the same 1.6 GB lie in 256 channels). Then, each under ``ulimit -n 1024``:
 ``ckpt inspect``, ``ckpt inspect --schema``, ``ckpt verify --schema`` and ``ckpt rescale`` to 3p/4,
 with wall and CPU seconds (this process's children: the command and its workers) and peak RSS.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
@@ -11,8 +13,8 @@ own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/j
 best of 3, same run), at the largest parallelism; the loader also reads every rescaled output, and
 Flink's classes (fixtures/java/ReferenceReader.java) count in it the records of the input, each in
 its key group's subtask, none twice (``reference_records``; where the input's ``_metadata`` is larger
-than LARGE_METADATA_MB, Flink's reader gets 16 GiB and counts the output only, against what the
-generator wrote plus its own count of the base fixture).
+than LARGE_METADATA_MB or its in-flight bytes than LARGE_BYTES, Flink's reader gets 16 GiB and counts
+the output only, against what the generator wrote plus its own count of the base fixture).
 With ``--spark``, the rescale at p=1024 on Spark.
 
 The machine may be shared: wall times then vary with the load; CPU seconds vary less.
@@ -106,20 +108,27 @@ def flink_load_seconds(checkpoint: Path) -> float:
 
 
 # Flink's reference reader holds every buffer of every channel as a Java object: a checkpoint
-# whose `_metadata` is larger than this (p=4,096 dense: 472 MB in, 272 MB out) gets a 16 GiB heap
+# whose `_metadata` is larger than this (p=4,096 dense: 472 MB in, 272 MB out) or whose in-flight
+# bytes are more than LARGE_BYTES (p=16 with p=4,096 dense's 1.4 GB: 6.2 GB resident on a 6 GiB
+# heap, 144 s) gets a 16 GiB heap
 LARGE_METADATA_MB = 200
+LARGE_BYTES = 1_000_000_000
+
+
+def _large(checkpoint: Path) -> bool:
+    in_flight = sum(f.stat().st_size for f in checkpoint.iterdir() if f.name != "_metadata")
+    return (checkpoint / "_metadata").stat().st_size / 1e6 > LARGE_METADATA_MB or in_flight > LARGE_BYTES
 
 
 def reference_keyed(checkpoint: Path, base: Path) -> dict:
     """Flink's own view (fixtures/java/ReferenceReader.java) of the keyed exchange into slow-count:
     its in-flight records, how many lie outside their key group's subtask, how many are held twice."""
-    large = (checkpoint / "_metadata").stat().st_size / 1e6 > LARGE_METADATA_MB
     result = flink_env.run_java(
         "2.3.0",
         "ReferenceReader",
         [str(checkpoint), str(base / "operators.json")],
         timeout=3600,
-        jvm_flags=("-Xmx16g" if large else "-Xmx6g", "-Dckpt.keyedOnly=true"),
+        jvm_flags=("-Xmx16g" if _large(checkpoint) else "-Xmx6g", "-Dckpt.keyedOnly=true"),
     )
     if result.returncode != 0:
         raise RuntimeError(f"ReferenceReader failed on {checkpoint}:\n{result.stderr[-2000:]}")
@@ -151,10 +160,10 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
     flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
     # and Flink's classes count the same records in it, each in its key group's subtask, none twice.
     # On an input of more than a few million channels (p=4,096 dense) Flink's reader does not finish
-    # within 20 minutes on a 16 GiB heap (it does on ckpt's output of it, whose files are few): there
-    # the input holds what the generator wrote on top of the base, whose records Flink's reader counted
-    # (the fixture's expected.json)
-    if row["metadata_mb"] > LARGE_METADATA_MB:
+    # within 20 minutes on a 16 GiB heap (it does on ckpt's output of it, whose files are few), and on
+    # one of more than LARGE_BYTES it takes minutes: there the input holds what the generator wrote on
+    # top of the base, whose records Flink's reader counted (the fixture's expected.json)
+    if _large(source):
         expected = json.loads((base / "expected.json").read_text())
         base_records = next(k["records"] for k in expected["keyed_operators"] if k["operator"] == SLOW_COUNT)
         before = {"records": info["generated_records"] + base_records}
@@ -180,7 +189,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[16, 128, 1024, 4096])
     parser.add_argument("--channels", nargs="+", choices=("dense", "sparse"), default=["dense", "sparse"])
-    parser.add_argument("--bytes", type=int, default=50_000_000, help="in-flight bytes of every checkpoint")
+    parser.add_argument(
+        "--bytes",
+        type=int,
+        default=50_000_000,
+        help="in-flight bytes asked of the largest parallelism (the others get what it holds)",
+    )
     parser.add_argument("--spark", action="store_true", help="also the rescale on Spark at p=1024")
     parser.add_argument("--work", help="where to write the checkpoints (default: a temporary directory)")
     parser.add_argument(
@@ -192,8 +206,11 @@ def main() -> int:
     rows = []
     try:
         for channels in args.channels:
-            for parallelism in args.parallelism:
-                row = bench_one(work, parallelism, channels, args.bytes, args.spark and parallelism == 1024, args.handles)
+            same_bytes = args.bytes
+            for parallelism in sorted(args.parallelism, reverse=True):  # the largest sets the bytes of all
+                row = bench_one(work, parallelism, channels, same_bytes, args.spark and parallelism == 1024, args.handles)
+                if parallelism == max(args.parallelism):
+                    same_bytes = row["bytes"]
                 rows.append(row)
                 runs = " ".join(
                     f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu "

@@ -47,6 +47,8 @@ def test_equal_on_real_flink_channel_state(name):
         same("frame", stream)
         starts = np.frombuffer(_framing.frame(stream)[0], dtype=np.int64)
         same("gather", stream, starts, starts + 4)
+        same("digests", stream, starts, starts + 4)
+        same("digests", data, offsets + 4, offsets + 4 + np.frombuffer(_framing.lengths(data, offsets), dtype=np.int64))
         same("frame_segments", stream, int64s([0, len(stream) // 2, len(stream)]))
         same("payloads_many", data, offsets, int64s([len(offsets) // 2, len(offsets) - len(offsets) // 2]))
         same("lengths", data, offsets[::-1].copy())  # out of order: the same error
@@ -70,6 +72,9 @@ def test_equal_on_generated_streams_and_errors():
         same("gather", stream, starts, ends)
         same("gather", stream, starts, ends[:-1].copy())
         same("gather", np.frombuffer(stream, dtype=np.uint8), starts, ends)
+        same("digests", stream, starts, ends)  # xxHash's own digests (the twin uses the xxhash package)
+        same("digests", stream, starts, ends[:-1].copy())
+        same("digests", memoryview(stream), starts, ends)
         file = b"\0\0\0\0" + chain(rng, rng.randrange(0, 8))
         offsets, position = [], 4
         while position < len(file):

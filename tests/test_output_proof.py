@@ -51,13 +51,13 @@ def generated(tmp_path_factory) -> Path:
     from generate import generate
 
     checkpoint = tmp_path_factory.mktemp("generated") / "job" / "chk-1"
-    generate(checkpoint, 6, 3_000_000)
+    generate(checkpoint, 6, 2_000_000)
     return checkpoint
 
 
 @pytest.fixture
 def staged_in_files(generated: Path, tmp_path: Path):
-    """A 6 -> 4 rescale of 3 MB in flight, staged: its records lie in several files."""
+    """A 6 -> 4 rescale of 2 MB in flight, staged: its records lie in several files."""
     for staged_rewrite in staged_rescale(str(generated), 4, str(tmp_path / "out")):
         assert len({r.file_name for r in staged_rewrite[1].routed}) >= 2
         yield staged_rewrite

@@ -506,7 +506,7 @@ def _placed_small(small: SmallChannelsFile, shift: int) -> Placed:
         narrow(small.targets),
         narrow(small.sizes),
         narrow(small.records),
-        b"".join([xxhash.xxh3_128(stream).digest() for stream in small.streams()]),
+        small.digests(),
         narrow(small.offsets[held] + shift),
         narrow(bounds),
     )
@@ -728,13 +728,7 @@ def _read_back_together(task: ReadBackTask) -> ReadBack:
     np.cumsum(sizes, out=bounds[1:])
     framed = frame_joined(data, bounds)
     counts = np.bincount(framed.channel[framed.records.is_record], minlength=len(task.counts)).astype(np.int64)
-    view = memoryview(data)
-    digests = b"".join(
-        [
-            xxhash.xxh3_128(view[start : end - trailing]).digest()
-            for start, end, trailing in zip(bounds[:-1].tolist(), bounds[1:].tolist(), framed.trailing.tolist())
-        ]
-    )
+    digests = _framing.digests(data, bounds[:-1], bounds[1:] - framed.trailing.astype(np.int64))
     return ReadBack(task.name, _coverage(task, lengths), narrow(counts), digests, narrow(framed.trailing.astype(np.int64)))
 
 

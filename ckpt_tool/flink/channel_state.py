@@ -27,7 +27,6 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
-import xxhash
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
@@ -84,6 +83,7 @@ class ChannelStateReader:
     def __init__(self) -> None:
         self._mapped: dict[str, Any] = {}  # memory maps (or bytes) of files, by URI
         self._local: dict[str, bool] = {}
+        self._confined: dict[str, FileIO] = {}  # local FileIOs confined to a directory, by it
 
     def __enter__(self) -> ChannelStateReader:
         return self
@@ -146,6 +146,17 @@ class ChannelStateReader:
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
         return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at) if lengths else None
+
+    def _io(self, location: str, beneath: Optional[str]) -> FileIO:
+        """The FileIO that reads ``location``, confined to ``beneath`` where given (a local one made
+        once per directory: a batch maps thousands of files of one checkpoint)."""
+        if beneath is None or not self._is_local(location):
+            io = io_for(location)
+            return io if beneath is None else io.confined(beneath)
+        confined = self._confined.get(beneath)
+        if confined is None:
+            confined = self._confined[beneath] = io_for(location).confined(beneath)
+        return confined
 
     def _is_local(self, location: str) -> bool:
         known = self._local.get(location)
@@ -231,8 +242,7 @@ class ChannelStateReader:
             if location not in self._mapped:
                 if len(self._mapped) >= MAX_OPEN_MAPS:  # each map holds a file descriptor: the oldest goes
                     _close_map(self._mapped.pop(next(iter(self._mapped))))
-                io = io_for(location)
-                self._mapped[location] = (io if source.beneath is None else io.confined(source.beneath)).map(location)
+                self._mapped[location] = self._io(location, source.beneath).map(location)
             data, offsets = memoryview(self._mapped[location]), source.offsets
         if source.segment:
             start, size = source.segment
@@ -289,15 +299,10 @@ def _lengths_at(data, at: np.ndarray) -> np.ndarray:
 def _digests(data, offsets: Sequence[int], sizes: list[int], min_bytes: int) -> list[bytes]:
     """An xxh3-128 digest of each buffer (at its offset, of its payload size) of at least
     ``min_bytes``, read where it lies (no copy)."""
-    view = memoryview(data)
-    try:
-        return [
-            xxhash.xxh3_128(view[offset + 4 : offset + 4 + size]).digest()
-            for offset, size in zip(offsets, sizes)
-            if size >= min_bytes
-        ]
-    finally:
-        view.release()
+    at, size = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+    kept = size >= min_bytes
+    joined = _framing.digests(data, at[kept] + 4, at[kept] + 4 + size[kept])
+    return [joined[i : i + 16] for i in range(0, len(joined), 16)]
 
 
 def _close_map(data) -> None:
@@ -461,11 +466,21 @@ class SmallChannelsFile:
     sizes: np.ndarray
     records: np.ndarray
 
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each target's payload begins and ends in ``data`` (0, 0: none)."""
+        held = self.offsets >= 0
+        starts = np.where(held, self.offsets.astype(np.int64) + 4, 0)
+        return starts, np.where(held, self.offsets.astype(np.int64) + self.sizes.astype(np.int64), 0)
+
     def streams(self) -> Iterator[memoryview]:
         """Each target's payload (its channel's bytes), in target order."""
-        view, empty = memoryview(self.data), memoryview(b"")
-        for offset, size in zip(self.offsets.tolist(), self.sizes.tolist()):
-            yield view[offset + 4 : offset + size] if offset >= 0 else empty
+        view = memoryview(self.data)
+        for start, end in zip(*(column.tolist() for column in self._bounds())):
+            yield view[start:end]
+
+    def digests(self) -> bytes:
+        """The xxh3-128 digest of each target's payload, in target order, 16 bytes each."""
+        return _framing.digests(self.data, *self._bounds())
 
 
 def small_channels_file(pieces: Pieces, buffer_size: int = BUFFER_SIZE) -> Optional[SmallChannelsFile]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import xxhash
 
 _LENGTH = np.dtype(">i4")
 
@@ -57,15 +58,26 @@ def frame_segments(data: Any, bounds: Any) -> tuple[bytes, bytes]:
     return (np.concatenate(starts).tobytes() if starts else b""), np.asarray(ends, dtype=np.int64).tobytes()
 
 
-def gather(data: Any, starts: Any, ends: Any) -> bytes:
-    """data[starts[i]:ends[i]] for every i, concatenated."""
-    view = _as_bytes(data)
+def _ranges(view: memoryview, starts: Any, ends: Any) -> zip:
+    """The ranges (start, end) of two int64 buffers, each checked to lie inside ``view``."""
     first, last = _int64s(starts), _int64s(ends)
     if len(first) != len(last):
         raise ValueError("starts and ends differ in length")
     if len(first) and ((first < 0).any() or (last < first).any() or (last > len(view)).any()):
         raise ValueError("range outside the data")
-    return b"".join(view[a:b] for a, b in zip(first.tolist(), last.tolist()))
+    return zip(first.tolist(), last.tolist())
+
+
+def gather(data: Any, starts: Any, ends: Any) -> bytes:
+    """data[starts[i]:ends[i]] for every i, concatenated."""
+    view = _as_bytes(data)
+    return b"".join(view[a:b] for a, b in _ranges(view, starts, ends))
+
+
+def digests(data: Any, starts: Any, ends: Any) -> bytes:
+    """The xxh3-128 digest of each data[starts[i]:ends[i]] (16 bytes, canonical), concatenated."""
+    view = _as_bytes(data)
+    return b"".join(xxhash.xxh3_128(view[a:b]).digest() for a, b in _ranges(view, starts, ends))
 
 
 def _checked_lengths(view: memoryview, at: np.ndarray) -> list[int]:

@@ -177,11 +177,12 @@ def route_together(
     record_channel = channel[is_record]
     if keys is not None:
         groups = keys.of(records, is_record).astype(np.int64)
-        held = np.unique(downstreams[record_channel] * spec.max_parallelism + groups) % spec.max_parallelism
-        if len(held) != len(np.unique(held)):  # a key group held by several old subtasks: maybe copies
-            raise NotTogether()
         owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
         stray = int((owners != downstreams[record_channel]).sum())
+        if stray:  # where every record lies in its key group's subtask, no group is held twice
+            held = np.unique(downstreams[record_channel] * spec.max_parallelism + groups) % spec.max_parallelism
+            if len(held) != len(np.unique(held)):  # a key group held by several old subtasks: maybe copies
+                raise NotTogether()
         switches = int(((owners[1:] != owners[:-1]) & (record_channel[1:] == record_channel[:-1])).sum())
         if 4 * stray > len(groups) and 4 * switches > len(groups):
             raise NotTogether()  # refused, with its message, by route_upstream
