@@ -728,8 +728,9 @@ def _read_back_together(task: ReadBackTask) -> ReadBack:
     np.cumsum(sizes, out=bounds[1:])
     framed = frame_joined(data, bounds)
     counts = np.bincount(framed.channel[framed.records.is_record], minlength=len(task.counts)).astype(np.int64)
-    digests = _framing.digests(data, bounds[:-1], bounds[1:] - framed.trailing.astype(np.int64))
-    return ReadBack(task.name, _coverage(task, lengths), narrow(counts), digests, narrow(framed.trailing.astype(np.int64)))
+    trailing = framed.trailing.astype(np.int64)
+    digests = _framing.digests(data, bounds[:-1], bounds[1:] - trailing)
+    return ReadBack(task.name, _coverage(task, lengths), narrow(counts), digests, narrow(trailing))
 
 
 def _read_back_one_by_one(task: ReadBackTask) -> ReadBack:

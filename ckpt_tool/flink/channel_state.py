@@ -179,7 +179,7 @@ class ChannelStateReader:
             sizes = np.frombuffer(_framing.lengths(data, np.asarray(offsets, dtype=np.int64)), dtype=np.int64)
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
-        return _digests(data, offsets, sizes.tolist(), min_bytes)
+        return _digests(data, offsets, sizes, min_bytes)
 
     def buffer_digests_together(self, sources: list[BufferSource], min_bytes: int = 0) -> Optional[list[bytes]]:
         """``buffer_digests`` of all ``sources``, in file order, in one pass where they lie in one
@@ -217,7 +217,7 @@ class ChannelStateReader:
         except ValueError:
             return None
         large = sizes >= min_bytes
-        found = _digests(data, offsets[large].tolist(), sizes[large].tolist(), min_bytes)
+        found = _digests(data, offsets, sizes, min_bytes)  # of the buffers at ``large``
         return found, np.asarray(owners)[order][large].tolist()
 
     def buffers(self, source: BufferSource) -> list[bytes]:
@@ -296,7 +296,7 @@ def _lengths_at(data, at: np.ndarray) -> np.ndarray:
     return lengths.view(np.int32).astype(np.int64)
 
 
-def _digests(data, offsets: Sequence[int], sizes: list[int], min_bytes: int) -> list[bytes]:
+def _digests(data, offsets: Sequence[int] | np.ndarray, sizes: np.ndarray, min_bytes: int) -> list[bytes]:
     """An xxh3-128 digest of each buffer (at its offset, of its payload size) of at least
     ``min_bytes``, read where it lies (no copy)."""
     at, size = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
@@ -468,9 +468,9 @@ class SmallChannelsFile:
 
     def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each target's payload begins and ends in ``data`` (0, 0: none)."""
-        held = self.offsets >= 0
-        starts = np.where(held, self.offsets.astype(np.int64) + 4, 0)
-        return starts, np.where(held, self.offsets.astype(np.int64) + self.sizes.astype(np.int64), 0)
+        offsets = self.offsets.astype(np.int64)
+        held = offsets >= 0
+        return np.where(held, offsets + 4, 0), np.where(held, offsets + self.sizes.astype(np.int64), 0)
 
     def streams(self) -> Iterator[memoryview]:
         """Each target's payload (its channel's bytes), in target order."""
