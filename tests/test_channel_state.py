@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from ckpt_tool.errors import CheckpointFormatError
+from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.channel_state import (
     HEADER,
     BufferSource,
@@ -142,3 +142,56 @@ def test_small_channels_are_made_at_once_as_the_writer_streams_them(tmp_path):
     assert small_channels_file(Pieces.of([(1, b"x" * 10, 1), (2, b"y" * 3, 1), (1, b"z" * 6, 1)]), buffer_size=16) is None
     none = small_channels_file(Pieces.of([]), buffer_size=16)
     assert none is not None and none.data == (tmp_path / "file-0").read_bytes()[:4] and not len(none.targets)
+
+
+def test_a_span_of_buffers_reads_as_the_mapped_file_gives_it(tmp_path):
+    """A route task at p=4,096 reads a few kB of each of 4,096 files: without lengths, a local
+    file's buffers are read as one span into memory (not mapped). Every result equals the mapped
+    read's; what does not read cleanly as a span (a truncated file, a bad header, a buffer running
+    past the span) takes the mapped path, which says what is wrong in its words."""
+    from ckpt_tool.flink import channel_state
+
+    buffers = [b"a" * 10, b"b" * 3, b"", b"c" * (channel_state.SPAN_SLACK + 500), b"d" * 7]
+    data = HEADER + frame(*buffers)
+    offsets, at = [], len(HEADER)
+    for buffer in buffers:
+        offsets.append(at)
+        at += 4 + len(buffer)
+    path = tmp_path / "state"
+    path.write_bytes(data)
+    uri = str(path)
+
+    def both(offsets: list[int], counts: list[int], file: str = uri):
+        import numpy as np
+
+        with ChannelStateReader() as reader:
+            try:
+                span = reader.grouped_payloads(BufferSource(file, None, None, offsets), np.array(counts), lengths=False)
+                spanned = not reader._mapped
+            except CheckpointFormatError as exc:
+                span, spanned = str(exc), False
+        with ChannelStateReader() as reader:
+            try:
+                mapped = reader.grouped_payloads(BufferSource(file, None, None, offsets), np.array(counts))
+            except CheckpointFormatError as exc:
+                mapped = str(exc)
+        if isinstance(mapped, str):
+            assert span == mapped
+        else:
+            assert (span[0], span[1].tolist()) == (mapped[0], mapped[1].tolist())
+        return spanned
+
+    assert both(offsets, [5])
+    assert both(offsets[:2] + offsets[4:], [2, 1])  # the large buffer's span is not read
+    assert both(offsets[1:4], [1, 2])  # the last buffer larger than the page read past it: the rest read on
+    assert both([offsets[3], offsets[1]], [1, 1])  # handles on their own: a later one may come first
+    assert not both([offsets[4], offsets[3]], [2])  # out of order within a handle: the mapped path's error
+    path.with_name("short").write_bytes(data[:-1])
+    assert not both(offsets, [5], str(path.with_name("short")))  # "runs past the end", as mapped
+    path.with_name("header").write_bytes(b"\x00\x00\x00\x01" + data[4:])
+    assert not both(offsets[:1], [1], str(path.with_name("header")))  # "bad header", as mapped
+    large = HEADER + frame(b"x" * 10, b"y" * (channel_state.SPAN_LIMIT + 10), b"z")
+    path.with_name("large").write_bytes(large)
+    assert not both([4, 18, 18 + 4 + channel_state.SPAN_LIMIT + 10], [3], str(path.with_name("large")))
+    with pytest.raises(StorageError, match="cannot read"):
+        both(offsets, [5], str(tmp_path / "missing"))

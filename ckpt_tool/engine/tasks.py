@@ -235,14 +235,18 @@ def read_rows(
     order = np.argsort(source_file, kind="stable")  # the sources of one file together, in table order
     ordered = source_file[order]
     groups = np.flatnonzero(np.diff(ordered, prepend=-1)).tolist() + [len(order)]
+    ordered_counts = counts[order]
+    offsets = table.offsets[ranges(offset_start[order], ordered_counts)]  # file by file
+    offset_bounds = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(ordered_counts, out=offset_bounds[1:])
+    offset_bounds_at = offset_bounds.tolist()
     sizes = np.zeros(last - first, dtype=np.int64)
     blobs: list[tuple[np.ndarray, bytes]] = []
     for a, b in zip(groups[:-1], groups[1:]):
         members = order[a:b]
         location, _, segment, beneath = table.files[int(ordered[a])]
-        offsets = table.offsets[ranges(offset_start[members], counts[members])]
-        source = BufferSource(location, None, segment, offsets.tolist(), beneath)
-        blob, found, _ = reader.grouped_payloads(source, counts[members], lengths=False)
+        source = BufferSource(location, None, segment, offsets[offset_bounds_at[a] : offset_bounds_at[b]], beneath)
+        blob, found, _ = reader.grouped_payloads(source, ordered_counts[a:b], lengths=False)
         sizes[members] = found
         blobs.append((members, blob))
     data = in_order(blobs, sizes)  # back into table order

@@ -32,6 +32,7 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.storage import FileIO, io_for, is_local
+from ckpt_tool.storage.local import LocalFileIO
 
 if TYPE_CHECKING:
     from ckpt_tool.flink.checkpoint import Checkpoint
@@ -40,6 +41,8 @@ SERIALIZATION_VERSION = 0
 HEADER = struct.pack(">i", SERIALIZATION_VERSION)
 BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
+SPAN_SLACK = 4096  # read past the last buffer's length field: at high parallelism buffers are small
+SPAN_LIMIT = 1 << 20  # a span read into memory at most (about): a larger one is mapped, paged in as read
 MAX_OPEN_MAPS = 128  # files a reader keeps mapped at once (each holds a descriptor; `ulimit -n` may be 1024)
 
 
@@ -137,6 +140,10 @@ class ChannelStateReader:
         next ``counts[g]`` buffers (a file's handles, one after another). Returns the bytes, each
         group's payload bytes, and with ``lengths`` each buffer's payload length (every buffer
         checked to lie in the file)."""
+        if not lengths:
+            read = self._span_payloads(source, counts)
+            if read is not None:
+                return read
         data, offsets = self._data(source)
         at = np.asarray(offsets, dtype=np.int64)
         if len(at) and at.min() < len(HEADER):
@@ -146,6 +153,48 @@ class ChannelStateReader:
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
         return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at) if lengths else None
+
+    def _span_payloads(self, source: BufferSource, counts: np.ndarray) -> Optional[tuple[bytes, np.ndarray, None]]:
+        """``grouped_payloads`` without lengths of a local file not mapped yet, from the span of its
+        buffers read into memory (with the header): a task of a rescale at p=4,096 reads a few kB
+        of each of 4,096 files, where mapping each file costs more than reading its span. None where
+        the span is over about ``SPAN_LIMIT`` or does not read cleanly: the mapped path then reads
+        the file and says what is wrong, in its words."""
+        location = source.location
+        if source.inline is not None or source.segment or location is None or location in self._mapped:
+            return None
+        if not len(source.offsets) or not self._is_local(location):
+            return None
+        io = self._io(location, source.beneath)
+        if not isinstance(io, LocalFileIO):
+            return None
+        at = np.asarray(source.offsets, dtype=np.int64)
+        first, last = int(at.min()), int(at.max())
+        if first < len(HEADER) or last - first > SPAN_LIMIT:
+            return None
+
+        def span(read) -> Optional[bytes]:
+            if read(0, len(HEADER)) != HEADER:
+                return None
+            wanted = last + len(HEADER) - first  # up to the last buffer's length, and a page more
+            data = read(first, wanted + SPAN_SLACK)
+            if len(data) < wanted:
+                return None
+            (length,) = _LENGTH.unpack_from(data, wanted - len(HEADER))
+            if length < 0 or wanted + length > 2 * SPAN_LIMIT:
+                return None
+            if wanted + length > len(data) == wanted + SPAN_SLACK:  # the rest of a larger last buffer
+                data += read(first + len(data), wanted + length - len(data))
+            return data if wanted + length <= len(data) else None
+
+        data = io.read_spans(location, span)
+        if data is None:
+            return None
+        try:
+            blob, found = _framing.payloads_many(data, at - first, np.asarray(counts, dtype=np.int64))
+        except ValueError:
+            return None
+        return blob, np.frombuffer(found, dtype=np.int64), None
 
     def _io(self, location: str, beneath: Optional[str]) -> FileIO:
         """The FileIO that reads ``location``, confined to ``beneath`` where given (a local one made
