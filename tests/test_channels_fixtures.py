@@ -209,3 +209,18 @@ def assert_same_scan(one, other) -> None:
         assert one.histograms[index].tolist() == other.histograms[index].tolist()
     assert one.misplaced() == other.misplaced()
     assert one.columns["records"].sum() > 0
+
+
+def test_a_tables_used_files_are_renumbered_as_unique_would():
+    """``ChannelTable.take`` renumbers the files its rows use by marking them (thousands of files
+    against millions of sources), as ``np.unique(..., return_inverse=True)`` would."""
+    import numpy as np
+
+    from ckpt_tool.engine.channels import _used
+
+    rng = np.random.default_rng(7)
+    for rows, files in [(0, 3), (1, 1), (50, 7), (20_000, 4096)]:
+        indexes = rng.integers(0, files, rows).astype(np.int32)
+        used, renumbered = _used(indexes, files)
+        expected_used, expected = np.unique(indexes, return_inverse=True)
+        assert used.tolist() == expected_used.tolist() and renumbered.tolist() == expected.reshape(-1).tolist()

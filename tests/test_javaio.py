@@ -13,6 +13,8 @@ def test_modified_utf8_matches_java_encoding():
     # Java writes U+0000 as C0 80 and a supplementary character as two 3-byte surrogates.
     assert encode_modified_utf8("\x00") == b"\xc0\x80"
     assert encode_modified_utf8("😀") == b"\xed\xa0\xbd\xed\xb8\x80"
+    # ASCII takes a shortcut, except where it holds U+0000
+    assert encode_modified_utf8("a\x00\x7f") == b"a\xc0\x80\x7f" and encode_modified_utf8("file:/x") == b"file:/x"
 
 
 def test_writer_and_reader_agree():

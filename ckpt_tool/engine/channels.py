@@ -212,7 +212,7 @@ class ChannelTable:
         np.cumsum(offset_counts[:-1], out=offset_starts[1:])
         source_starts = np.zeros(len(rows), dtype=np.int64)
         np.cumsum(counts[:-1], out=source_starts[1:])
-        used, source_file = np.unique(self.source_file[sources], return_inverse=True)
+        used, source_file = _used(self.source_file[sources], len(self.files))
         return ChannelTable(
             self.exchange_index[rows],
             self.upstream[rows],
@@ -229,6 +229,16 @@ class ChannelTable:
             self.max_parallelism,
             self.parallelism,
         )
+
+
+def _used(indexes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(indexes, return_inverse=True)`` of indexes below ``count`` (a table's files,
+    thousands, against its sources, millions), by marking instead of sorting."""
+    present = np.zeros(count, dtype=bool)
+    present[indexes] = True
+    used = np.flatnonzero(present)
+    renumbered = np.cumsum(present, dtype=np.int64) - 1
+    return used, renumbered[indexes]
 
 
 # the integer types a table's columns are narrowed to, each for values below a sixteenth of its

@@ -13,6 +13,8 @@ _LONG = struct.Struct(">q")
 
 def encode_modified_utf8(text: str) -> bytes:
     """Encode like java.io.DataOutput.writeUTF, without the length prefix."""
+    if text.isascii() and "\0" not in text:  # chars 1 to 127 are one byte each, as in ASCII
+        return text.encode("ascii")
     units = text.encode("utf-16-be", "surrogatepass")
     out = bytearray()
     for i in range(0, len(units), 2):
