@@ -85,3 +85,26 @@ def test_inspect_text_sums_channels_per_subtask_past_a_thousand(tmp_path, ckpt):
     listed = sum(len(s["channels"]) for o in json.loads(out)["operators"] for s in o["subtasks"])
     assert code == 0 and listed > 1000
     assert f"({listed} channels; --json lists each)" in ckpt("inspect", str(checkpoint))[1]
+
+    # with the records: the keyed exchange's 1,600 channels as a row per downstream subtask
+    from generate import FIXTURE, SCHEMA
+
+    from ckpt_tool.ops.inspect import inspect
+    from ckpt_tool.session import Session
+
+    inputs = ("--plan", str(FIXTURE / "plan.json"), "--schema", str(SCHEMA))
+    code, out, err = ckpt("inspect", str(checkpoint), *inputs)
+    assert code == 0, err
+    assert "(gate 0, HASH), per downstream subtask (1600 channels; --json lists each)" in " ".join(out.split())
+    with Session.open(str(checkpoint), str(SCHEMA), str(FIXTURE / "plan.json"), "local") as session:
+        scan = next(e for e in inspect(session).exchanges or [] if len(e.figures) == 1600)
+    rows = scan.as_dict()["channels"]
+    sums = scan.per_downstream()
+    assert sums["downstream_subtask"].tolist() == list(range(40)) and sums["channels"].tolist() == [40] * 40
+    for name, key in [
+        ("records", "records"),
+        ("bytes", "bytes"),
+        ("input_buffers", "input_buffers"),
+        ("trailing_bytes", "partial_bytes"),
+    ]:
+        assert sums[name].tolist() == [sum(r[key] for r in rows if r["downstream_subtask"] == d) for d in range(40)]

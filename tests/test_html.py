@@ -105,3 +105,39 @@ def test_rescale_html_shows_before_and_after(ckpt, tmp_path):
     screenshot(page, tmp_path / "rescale.png", 4000)
     colours, covered = plotted(tmp_path / "rescale.png")
     assert colours > 200 and covered > 0.25, (colours, covered)
+
+
+def test_pictures_at_high_parallelism_stay_small_and_fast():
+    """A job at parallelism p has p² channels: past 256 subtasks (or channels) an axis of a heatmap
+    sums blocks of them, each named by its first, and the histogram's key-group bands are set at
+    once (one by one, 256 took 23 s) and named only up to 64 subtasks."""
+    from ckpt_tool.cli.html import _heatmap, _key_group_histogram
+    from ckpt_tool.exchanges import ExchangeScan
+    from ckpt_tool.records.keys import key_group_range
+    from ckpt_tool.records.scan import ScanColumns
+    from ckpt_tool.records.schema import Exchange
+
+    down, up = np.meshgrid(np.arange(600), np.arange(300))
+    values = (down * 1000 + up).reshape(-1)
+    figure = _heatmap("t", down.reshape(-1), up.reshape(-1), values, "downstream subtask", "upstream subtask")
+    heatmap = figure.data[0]
+    assert list(heatmap.x) == list(range(0, 600, 3)) and list(heatmap.y) == list(range(0, 300, 2))
+    z = np.array(heatmap.z)
+    assert z.shape == (150, 200) and z.sum() == values.sum()
+    assert z[1, 2] == sum(d * 1000 + u for d in (6, 7, 8) for u in (2, 3))
+    assert figure.layout.title.text == "t (in blocks of 3 downstream subtasks × 2 upstream subtasks)"
+    small = _heatmap("t", np.array([0, 1, 1]), np.array([0, 0, 2]), np.array([5, 6, 7]), "subtask", "channel")
+    assert np.array(small.data[0].z).tolist() == [[5, 6], [0, 0], [0, 7]] and small.layout.title.text == "t"
+
+    for parallelism, named in [(4, True), (4096, False)]:
+        scan = ExchangeScan(
+            Exchange("a" * 32, "b" * 32, key=("f0",)),
+            ScanColumns.empty(),
+            0,
+            [key_group_range(4096, parallelism, i) for i in range(parallelism)],
+            histogram=np.ones(4096, dtype=np.int64),
+        )
+        histogram = _key_group_histogram(scan, {})
+        assert len(histogram.layout.shapes) == parallelism
+        assert len(histogram.layout.annotations) == (parallelism if named else 0)
+        assert histogram.layout.shapes[1].x0 == scan.subtask_key_groups[1].start - 0.5

@@ -21,12 +21,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
+
 from ckpt_tool.exchanges import ExchangeScan
 from ckpt_tool.ops.inspect import INPUT, InspectReport
 from ckpt_tool.rewrite import RescaleReport
 from ckpt_tool.text import printable
 
 STATE_KINDS = ("keyed", "operator", "channel")
+NAMED_BANDS = 64  # subtasks whose key-group bands are named in a histogram at most
+HEATMAP_SIDE = 256  # cells along a heatmap's axis at most: beyond, consecutive subtasks (or channels) are summed
 
 
 def _text(value: str) -> str:
@@ -44,7 +48,7 @@ def _figures(report: InspectReport) -> list:
     labels = {o.id: o.label for o in report.operators}
     if report.exchanges is not None:
         for scan in report.exchanges:
-            if scan.channels:
+            if len(scan.figures):
                 figures.append(_exchange_heatmap(scan, labels))
                 if scan.keyed:
                     figures.append(_key_group_histogram(scan, labels))
@@ -68,51 +72,70 @@ def _state_sizes(report: InspectReport):
     return figure
 
 
-def _heatmap(title: str, cells: dict[tuple[int, int], int], x_title: str, y_title: str):
+def _heatmap(title: str, x: np.ndarray, y: np.ndarray, values: np.ndarray, x_title: str, y_title: str):
+    """Values summed by (x, y); past ``HEATMAP_SIDE`` subtasks or channels on an axis (a job at
+    parallelism p has p² channels), in blocks of consecutive ones, each named by its first."""
     import plotly.graph_objects as go
 
-    columns = max((x for x, _ in cells), default=0) + 1
-    rows = max((y for _, y in cells), default=0) + 1
-    z = [[cells.get((x, y), 0) for x in range(columns)] for y in range(rows)]
+    columns = int(x.max(initial=0)) + 1
+    rows = int(y.max(initial=0)) + 1
+    x_block, y_block = -(-columns // HEATMAP_SIDE), -(-rows // HEATMAP_SIDE)
+    width, height = -(-columns // x_block), -(-rows // y_block)
+    cells = (y // y_block) * width + x // x_block
+    # summed as floats: exact below 2**53 bytes
+    z = np.bincount(cells, weights=values, minlength=width * height).astype(np.int64).reshape(height, width)
+    blocks = x_block > 1 or y_block > 1
+    if blocks:
+        title += f" (in blocks of {x_block} {x_title}s × {y_block} {y_title}s)"
     figure = go.Figure(
         go.Heatmap(
-            z=z,
-            x=list(range(columns)),
-            y=list(range(rows)),
+            z=z.tolist(),
+            x=list(range(0, columns, x_block)),
+            y=list(range(0, rows, y_block)),
             colorscale="Viridis",
             colorbar={"title": "bytes"},
             hovertemplate="%{y} → %{x}: %{z} bytes<extra></extra>",
         )
     )
-    figure.update_layout(title=_text(title), xaxis_title=x_title, yaxis_title=y_title, xaxis_dtick=1, yaxis_dtick=1)
+    ticks = {} if blocks else {"xaxis_dtick": 1, "yaxis_dtick": 1}
+    figure.update_layout(title=_text(title), xaxis_title=x_title, yaxis_title=y_title, **ticks)
     return figure
 
 
 def _exchange_heatmap(scan: ExchangeScan, labels: dict[str, str]):
     exchange = scan.exchange
-    cells = {(c.downstream_subtask, c.upstream_subtask): c.bytes for c in scan.channels}
+    columns = scan.figures.columns
     name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
     title = f"In-flight bytes, exchange {name} (gate {exchange.gate}, {scan.partitioner or '?'})"
-    return _heatmap(title, cells, "downstream subtask", "upstream subtask")
+    return _heatmap(
+        title,
+        columns["downstream_subtask"].astype(np.int64),
+        columns["upstream_subtask"].astype(np.int64),
+        columns["bytes"],
+        "downstream subtask",
+        "upstream subtask",
+    )
 
 
 def _channel_heatmaps(report: InspectReport) -> list:
     """Without a plan: per operator, in-flight bytes by subtask × input channel (per gate) and by
     subtask × subpartition (per output partition)."""
-    grids: dict[tuple[str, str, int], dict[tuple[int, int], int]] = defaultdict(dict)
+    grids: dict[tuple[str, str, int], list[tuple[np.ndarray, ...]]] = defaultdict(list)
     labels = {}
     for o in report.operators:
         for s in o.subtasks:
-            for ch in s.channels:
-                key = (o.id, ch.direction, ch.info[0])
-                labels[key] = o.label
-                grids[key][(s.index, ch.info[1])] = grids[key].get((s.index, ch.info[1]), 0) + ch.bytes
+            for direction, (firsts, seconds, sizes) in s.channel_arrays().items():
+                for index in np.unique(firsts).tolist():
+                    mine = firsts == index
+                    labels[(o.id, direction, index)] = o.label
+                    grids[(o.id, direction, index)].append((np.full(int(mine.sum()), s.index), seconds[mine], sizes[mine]))
     figures = []
-    for (op_id, direction, index), cells in sorted(grids.items()):
+    for (op_id, direction, index), parts in sorted(grids.items()):
         side = f"gate {index}" if direction == INPUT else f"partition {index}"
         what = "input channel" if direction == INPUT else "subpartition"
         title = f"In-flight bytes, {labels[(op_id, direction, index)]}, {direction} {side}"
-        figures.append(_heatmap(title, cells, "subtask", what))
+        subtasks, channels, sizes = (np.concatenate(column) for column in zip(*parts))
+        figures.append(_heatmap(title, subtasks, channels, sizes, "subtask", what))
     return figures
 
 
@@ -122,16 +145,38 @@ def _key_group_histogram(scan: ExchangeScan, labels: dict[str, str]):
     histogram = scan.key_group_histogram
     groups = sorted(histogram)
     figure = go.Figure(go.Bar(x=groups, y=[histogram[g] for g in groups], name="records"))
-    for index, owned in enumerate(scan.subtask_key_groups):
-        figure.add_vrect(
-            x0=owned.start - 0.5,
-            x1=owned.stop - 0.5,
-            fillcolor="LightSalmon" if index % 2 else "LightSkyBlue",
-            opacity=0.25,
-            line_width=0,
-            annotation_text=f"subtask {index}",
-            annotation_position="top left",
-        )
+    # each subtask's key groups as a band, set at once (``add_vrect`` one by one took time
+    # quadratic in the subtasks: 23 s for 256), named where there are few enough to read
+    owned = scan.subtask_key_groups
+    bands = [
+        {
+            "fillcolor": "LightSalmon" if index % 2 else "LightSkyBlue",
+            "line": {"width": 0},
+            "opacity": 0.25,
+            "type": "rect",
+            "x0": groups.start - 0.5,
+            "x1": groups.stop - 0.5,
+            "xref": "x",
+            "y0": 0,
+            "y1": 1,
+            "yref": "y domain",
+        }
+        for index, groups in enumerate(owned)
+    ]
+    names = [
+        {
+            "showarrow": False,
+            "text": f"subtask {index}",
+            "x": groups.start - 0.5,
+            "xanchor": "left",
+            "xref": "x",
+            "y": 1,
+            "yanchor": "top",
+            "yref": "y domain",
+        }
+        for index, groups in enumerate(owned)
+    ]
+    figure.update_layout(shapes=bands, annotations=names if len(owned) <= NAMED_BANDS else [])
     exchange = scan.exchange
     name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
     figure.update_layout(

@@ -346,24 +346,43 @@ class RichOutput(Output):
         if scan.problem:
             self._line(f"{title}: ", Text("not readable", style="red"), f": {scan.problem}")
             return
-        if not scan.channels:
+        count = len(scan.figures)
+        if not count:
             self._line(f"{title}: no in-flight data")
             return
-        columns = ["upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
-        rows = [
-            [
-                str(ch.upstream_subtask),
-                str(ch.downstream_subtask),
-                f"{ch.input_buffers} / {ch.output_buffers}",
-                human_bytes(ch.bytes),
-                str(ch.records),
-                str(ch.watermarks),
-                str(ch.other_elements),
-                str(ch.misplaced_records) if scan.keyed else "-",
+        if count <= CHANNEL_ROWS:
+            columns = ["upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
+            rows = [
+                [
+                    str(ch.upstream_subtask),
+                    str(ch.downstream_subtask),
+                    f"{ch.input_buffers} / {ch.output_buffers}",
+                    human_bytes(ch.bytes),
+                    str(ch.records),
+                    str(ch.watermarks),
+                    str(ch.other_elements),
+                    str(ch.misplaced_records) if scan.keyed else "-",
+                ]
+                for ch in scan.channels
             ]
-            for ch in scan.channels
-        ]
-        self._show(title, columns, rows)
+            self._show(title, columns, rows)
+        else:  # a job at parallelism p has p² channels: a row per downstream subtask
+            sums = {name: column.tolist() for name, column in scan.per_downstream().items()}
+            columns = ["downstream", "channels", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
+            rows = [
+                [
+                    str(sums["downstream_subtask"][i]),
+                    str(sums["channels"][i]),
+                    f"{sums['input_buffers'][i]} / {sums['output_buffers'][i]}",
+                    human_bytes(sums["bytes"][i]),
+                    str(sums["records"][i]),
+                    str(sums["watermarks"][i]),
+                    str(sums["other_elements"][i]),
+                    str(sums["misplaced_records"][i]) if scan.keyed else "-",
+                ]
+                for i in range(len(sums["channels"]))
+            ]
+            self._show(f"{title}, per downstream subtask ({count} channels; --json lists each)", columns, rows)
         line = (
             f"records {scan.total('records')}, watermarks {scan.total('watermarks')}, "
             f"other elements {scan.total('other_elements')}"

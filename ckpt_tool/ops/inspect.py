@@ -193,6 +193,7 @@ class SubtaskSummary:
     summarize_channels: Callable[[], list[ChannelSummary]] = field(default=list, repr=False, compare=False)
     encode_channels: Optional[Callable[[], str]] = field(default=None, repr=False, compare=False)
     total_channels: Callable[[], dict[str, ChannelTotals]] = field(default=dict, repr=False, compare=False)
+    array_channels: Callable[[], dict[str, tuple[np.ndarray, ...]]] = field(default=dict, repr=False, compare=False)
 
     @property
     def channels(self) -> list[ChannelSummary]:
@@ -204,6 +205,12 @@ class SubtaskSummary:
         """Its channels summed by direction (only directions with channels), from its handles
         without opening merged ones: what ``inspect`` shows per subtask past a thousand channels."""
         return self.total_channels()
+
+    def channel_arrays(self) -> dict[str, tuple[np.ndarray, ...]]:
+        """Its channels by direction as arrays: the first and second of ``info`` and the payload
+        bytes, in the order ``channels`` lists them (a merged handle read in one piece where its
+        channels are alike): what the HTML heatmaps sum at p² channels."""
+        return self.array_channels()
 
     def channels_json(self) -> str:
         """``json.dumps`` of its channels' dicts, encoded straight from its handles where it can be."""
@@ -367,6 +374,37 @@ def _subtask_channel_totals(checkpoint: Checkpoint, subtask: SubtaskState) -> Ca
     return total
 
 
+def _channel_arrays(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[], dict[str, tuple[np.ndarray, ...]]]:
+    def arrays() -> dict[str, tuple[np.ndarray, ...]]:
+        result = {}
+        for direction in (INPUT, OUTPUT):
+            pieces: list[tuple[np.ndarray, ...]] = []
+            one_by_one: list[ChannelStateHandle] = []
+            for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
+                alike = None
+                if isinstance(handle, MergedChannelStateHandle) and not isinstance(handle.delegate, ByteStreamHandle):
+                    alike = uniform_merged_channels(handle.serialized_offsets)
+                if alike is None:
+                    one_by_one += handle.channels if isinstance(handle, MergedChannelStateHandle) else [handle]
+                    continue
+                if one_by_one:
+                    pieces.append(_channel_columns(one_by_one))
+                    one_by_one = []
+                size = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
+                pieces.append((alike["gate"].astype(np.int64), alike["channel"].astype(np.int64), size))
+            pieces.append(_channel_columns(one_by_one))
+            result[direction] = tuple(np.concatenate(column) for column in zip(*pieces))
+        return result
+
+    return arrays
+
+
+def _channel_columns(handles: list[ChannelStateHandle]) -> tuple[np.ndarray, ...]:
+    firsts = np.array([h.info[0] for h in handles], dtype=np.int64).reshape(-1)
+    seconds = np.array([h.info[1] for h in handles], dtype=np.int64).reshape(-1)
+    return firsts, seconds, np.array([h.payload_bytes for h in handles], dtype=np.int64).reshape(-1)
+
+
 # a channel row of ``inspect --json`` (``ChannelSummary.as_dict``), by direction: info, buffers, bytes, file
 _CHANNEL_ROWS = {
     direction: f'{{"direction": {json.dumps(direction)}, "{first}": %d, "{second}": %d, "buffers": %d, "bytes": %d, "file": %s}}'
@@ -484,6 +522,7 @@ def operator_summary(checkpoint: Checkpoint, op: OperatorState) -> OperatorSumma
             _channel_summaries(checkpoint, s),
             _channels_json(checkpoint, s),
             _subtask_channel_totals(checkpoint, s),
+            _channel_arrays(checkpoint, s),
         )
         for s in op.subtasks
     ]
