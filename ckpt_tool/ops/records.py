@@ -1,10 +1,12 @@
 """``ckpt records``: every in-flight record of the described exchanges, one Parquet row each
 (the rows and their schema: ckpt_tool.records.export).
 
-The work runs on the session's engine, one task per logical channel: a task decodes its channel
-and writes its rows to a part file in a private directory beside the output; the driver then
-copies the parts, row group by row group, into one file with one ``ParquetWriter``. Memory stays
-bounded by a channel, and a record of hundreds of MiB costs a small multiple of its size.
+The work runs on the session's engine in tasks of a bounded byte budget (many logical channels
+each; a job at parallelism p has p² of them): a task decodes its channels one by one and writes
+their rows to one part file in a private directory beside the output, in row groups of up to
+ROWS_PER_GROUP rows; the driver then copies the parts, row group by row group, into one file with
+one ``ParquetWriter``. Memory stays bounded by a row group and a channel, and a record of hundreds
+of MiB costs a small multiple of its size.
 
 The file holds every record value, so it is never more readable than the checkpoint
 (ckpt_tool.output_files): it is written owner-only and given the checkpoint's permission bits
@@ -17,19 +19,19 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import ChannelTask, channel_tasks, read_channel
+from ckpt_tool.engine.tasks import ChannelTable, ChannelTask, channel_tasks, read_channel
 from ckpt_tool.errors import CkptError, naming
 from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.output_files import publish, report_mode
-from ckpt_tool.records.export import ROWS_PER_GROUP, channel_columns, file_schema, table, writer_options
+from ckpt_tool.records.export import ROWS_PER_GROUP, Decoding, channel_columns, file_schema, joined_columns, table, writer_options
 from ckpt_tool.records.schema import Exchange
 
 
@@ -38,35 +40,77 @@ class ExportError(CkptError):
 
 
 @dataclass
-class ExportTask:
-    channel: ChannelTask
-    exchange: Exchange
-    label: str
-    input_channel: int
-    value_field: Optional[str]  # "" for the value column itself, a field of it, or None (raw bytes)
-    part: str
+class ExportContext:
+    """What every batch of channels needs: the exchanges, their labels, the input channel of
+    each pointwise (u, d), the value fields, the file's schema and the parts' directory."""
+
+    exchanges: list[Exchange]
+    labels: list[str]
+    pointwise: dict[int, dict[tuple[int, int], int]]
+    places: dict[int, str]
+    schema: pa.Schema
+    parts: str
 
 
-def export_channel(task: ExportTask, schema: pa.Schema) -> tuple[str, int]:
-    """Write one logical channel's records to ``task.part``; returns (part, rows)."""
-    channel, exchange = task.channel, task.exchange
-    where: dict[str, Any] = {
-        "exchange": task.label,
-        "upstream_operator": exchange.upstream_id,
-        "downstream_operator": exchange.downstream_id,
-        "gate": exchange.gate,
-        "upstream_subtask": channel.upstream_subtask,
-        "downstream_subtask": channel.downstream_subtask,
-        "input_channel": task.input_channel,
-    }
-    with naming(f"{task.label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
-        with ChannelStateReader() as reader:  # the files' maps go once the channel is read
-            records = read_channel(reader, channel)
-        columns = channel_columns(records, exchange, task.value_field, where, channel.max_parallelism, channel.parallelism)
-    del records  # the channel's bytes go before the values are converted, the values before they are encoded
-    rows = table(columns, schema)
-    pq.write_table(rows, task.part, row_group_size=ROWS_PER_GROUP, **writer_options())
-    return task.part, rows.num_rows
+def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportContext) -> tuple[str, int]:
+    """Write the records of a batch of logical channels (an engine task of a bounded byte budget,
+    not a task per channel: a job at parallelism p has p² channels) to one part file, in row
+    groups of up to ROWS_PER_GROUP rows; returns (part, rows). Memory stays bounded by a row
+    group's values and the channel being read."""
+    descriptor, part = tempfile.mkstemp(prefix="part-", suffix=".parquet", dir=context.parts)
+    os.close(descriptor)
+    pending: list[dict[str, Any]] = []  # columns of channels of one exchange
+    held = rows = 0
+    decodings: dict[int, Decoding] = {}
+    with ChannelStateReader() as reader, pq.ParquetWriter(part, context.schema, **writer_options()) as writer:
+
+        def flush() -> None:
+            nonlocal held
+            if pending:
+                writer.write_table(table(joined_columns(pending), context.schema), ROWS_PER_GROUP)
+                pending.clear()
+                held = 0
+
+        current = None
+        for channel in channels:
+            index = channel.exchange_index
+            if index != current:
+                flush()  # a row group's channels are of one exchange (the same columns)
+                current = index
+            if index not in decodings:
+                decodings[index] = Decoding(context.exchanges[index], context.places.get(index))
+            exchange = context.exchanges[channel.exchange_index]
+            label = context.labels[channel.exchange_index]
+            key = (channel.upstream_subtask, channel.downstream_subtask)
+            where: dict[str, Any] = {
+                "exchange": label,
+                "upstream_operator": exchange.upstream_id,
+                "downstream_operator": exchange.downstream_id,
+                "gate": exchange.gate,
+                "upstream_subtask": channel.upstream_subtask,
+                "downstream_subtask": channel.downstream_subtask,
+                "input_channel": context.pointwise[channel.exchange_index].get(key, channel.upstream_subtask),
+            }
+            with naming(f"{label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
+                records = read_channel(reader, channel)
+                columns = channel_columns(
+                    records,
+                    exchange,
+                    context.places.get(channel.exchange_index),
+                    where,
+                    channel.max_parallelism,
+                    channel.parallelism,
+                    decodings[index],
+                )
+            del records  # the channel's bytes go before the values are converted, the values before they are encoded
+            count = len(columns["element_index"])
+            if held and held + count > ROWS_PER_GROUP:
+                flush()
+            pending.append(columns)
+            held += count
+            rows += count
+        flush()
+    return part, rows
 
 
 @dataclass
@@ -102,22 +146,18 @@ def export_records(
     mode = report_mode(checkpoint)
     parts = tempfile.mkdtemp(prefix=".ckpt-records-", dir=directory)  # owner-only
     try:
-        tasks = []
-        pointwise = {i: _input_channels(checkpoint, e) for i, e in enumerate(exchanges)}
-        for number, channel in enumerate(channel_tasks(checkpoint, exchanges)):
-            exchange = exchanges[channel.exchange_index]
-            key = (channel.upstream_subtask, channel.downstream_subtask)
-            tasks.append(
-                ExportTask(
-                    channel,
-                    exchange,
-                    checkpoint.metadata.exchange_label(exchange.upstream_id, exchange.downstream_id),
-                    pointwise[channel.exchange_index].get(key, channel.upstream_subtask),
-                    places.get(channel.exchange_index),
-                    os.path.join(parts, f"part-{number:06d}.parquet"),
-                )
-            )
-        written = engine.map(lambda task: export_channel(task, schema), tasks, progress, [t.channel.size for t in tasks])
+        table_of_channels = channel_tasks(checkpoint, exchanges)
+        context = ExportContext(
+            exchanges,
+            [checkpoint.metadata.exchange_label(e.upstream_id, e.downstream_id) for e in exchanges],
+            {i: _input_channels(checkpoint, e) for i, e in enumerate(exchanges)},
+            places,
+            schema,
+            parts,
+        )
+        written = engine.map_batches(
+            lambda batch: export_batch(batch, context), table_of_channels, progress, table_of_channels.size
+        )
         records = 0
         temporary = os.path.join(parts, "all.parquet")
         with pq.ParquetWriter(temporary, schema, **writer_options()) as writer:
@@ -133,4 +173,4 @@ def export_records(
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(parts, ignore_errors=True)
-    return ExportReport(out, records, len(tasks), len(exchanges))
+    return ExportReport(out, records, len(table_of_channels), len(exchanges))

@@ -188,6 +188,19 @@ def _decoder(exchange: Exchange):
     return lambda raw, offset: decode_value(t, raw, offset)[0]
 
 
+class Decoding:
+    """How an exchange's records are decoded (its key function, value decoder and value type),
+    made once per exchange and engine task, not once per channel (a job at parallelism p has p²)."""
+
+    __slots__ = ("avro", "decode", "key_of", "value_type")
+
+    def __init__(self, exchange: Exchange, value_field: Optional[str]) -> None:
+        self.key_of = exchange.key_function() if exchange.keyed else None
+        self.decode = _decoder(exchange) if value_field is not None else None
+        self.value_type = _value_type(exchange)
+        self.avro = self.value_type is not None and self.value_type.name == "avro"
+
+
 def channel_columns(
     records: ChannelRecords,
     exchange: Exchange,
@@ -195,20 +208,20 @@ def channel_columns(
     where: dict[str, Any],
     max_parallelism: int,
     parallelism: int,
+    decoding: Optional[Decoding] = None,
 ) -> dict[str, Any]:
     """One channel's records as columns (by name; ``table`` makes them rows of the file's schema).
     ``where``: the columns equal for every row (exchange, operators, gate, subtasks, input channel);
-    ``value_field``: "" for the value column itself, a field of it, or None (raw bytes). The
-    columns hold no reference to the channel's bytes, which the caller may drop before ``table``."""
+    ``value_field``: "" for the value column itself, a field of it, or None (raw bytes); ``decoding``:
+    the exchange's ``Decoding`` for that value field, made here if not given. The columns hold no
+    reference to the channel's bytes, which the caller may drop before ``table``."""
     indices = np.flatnonzero(records.is_record)
     starts = (records.starts + 4)[indices].tolist()
     value_starts = records.value_starts()[indices]
     ends = records.ends[indices]
     count = len(indices)
-    key_of = exchange.key_function() if exchange.keyed else None
-    decode = _decoder(exchange) if value_field is not None else None
-    value_type = _value_type(exchange)
-    avro = value_type is not None and value_type.name == "avro"
+    decoding = decoding or Decoding(exchange, value_field)
+    key_of, decode, value_type, avro = decoding.key_of, decoding.decode, decoding.value_type, decoding.avro
     hashes, printable, values, raw, timestamps = [], [], [], [], []
     data = records.data
     view = memoryview(data)
@@ -248,6 +261,20 @@ def channel_columns(
     else:
         columns["value"] = values if value_field == "" else [{value_field: v} for v in values]
     return columns
+
+
+def joined_columns(many: list[dict[str, Any]]) -> dict[str, Any]:
+    """``channel_columns`` of several channels of one exchange (the same column names) as the
+    columns of all their rows, one after another: ``table`` then converts each column once."""
+    if len(many) == 1:
+        return many[0]
+    result: dict[str, Any] = {}
+    for name, first in many[0].items():
+        if isinstance(first, np.ndarray):
+            result[name] = np.concatenate([columns[name] for columns in many])
+        else:
+            result[name] = [value for columns in many for value in columns[name]]
+    return result
 
 
 def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
