@@ -129,6 +129,8 @@ class JsonOutput(Output):
 
 
 CHANNEL_ROWS = 1000  # channel handles listed one per row in text; beyond, one row per subtask
+# the figures of an exchange's rows after the two that say which channels a row is
+FIGURE_COLUMNS = ("input_buffers", "output_buffers", "bytes", "records", "watermarks", "other_elements", "misplaced_records")
 
 
 def _file_name(location: Optional[str]) -> str:
@@ -350,39 +352,30 @@ class RichOutput(Output):
         if not count:
             self._line(f"{title}: no in-flight data")
             return
-        if count <= CHANNEL_ROWS:
-            columns = ["upstream", "downstream", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
-            rows = [
-                [
-                    str(ch.upstream_subtask),
-                    str(ch.downstream_subtask),
-                    f"{ch.input_buffers} / {ch.output_buffers}",
-                    human_bytes(ch.bytes),
-                    str(ch.records),
-                    str(ch.watermarks),
-                    str(ch.other_elements),
-                    str(ch.misplaced_records) if scan.keyed else "-",
-                ]
-                for ch in scan.channels
-            ]
-            self._show(title, columns, rows)
+        if count <= CHANNEL_ROWS:  # a row per channel
+            figures = scan.figures.columns
+            named = {"upstream": figures["upstream_subtask"], "downstream": figures["downstream_subtask"]}
         else:  # a job at parallelism p has p² channels: a row per downstream subtask
-            sums = {name: column.tolist() for name, column in scan.per_downstream().items()}
-            columns = ["downstream", "channels", "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
-            rows = [
-                [
-                    str(sums["downstream_subtask"][i]),
-                    str(sums["channels"][i]),
-                    f"{sums['input_buffers'][i]} / {sums['output_buffers'][i]}",
-                    human_bytes(sums["bytes"][i]),
-                    str(sums["records"][i]),
-                    str(sums["watermarks"][i]),
-                    str(sums["other_elements"][i]),
-                    str(sums["misplaced_records"][i]) if scan.keyed else "-",
-                ]
-                for i in range(len(sums["channels"]))
+            figures = scan.per_downstream()
+            named = {"downstream": figures["downstream_subtask"], "channels": figures["channels"]}
+            title += f", per downstream subtask ({count} channels; --json lists each)"
+        first, second = (column.tolist() for column in named.values())
+        values = {name: figures[name].tolist() for name in FIGURE_COLUMNS}
+        columns = [*named, "buffers in/out", "bytes", "records", "watermarks", "other", "misplaced"]
+        rows = [
+            [
+                str(first[i]),
+                str(second[i]),
+                f"{values['input_buffers'][i]} / {values['output_buffers'][i]}",
+                human_bytes(values["bytes"][i]),
+                str(values["records"][i]),
+                str(values["watermarks"][i]),
+                str(values["other_elements"][i]),
+                str(values["misplaced_records"][i]) if scan.keyed else "-",
             ]
-            self._show(f"{title}, per downstream subtask ({count} channels; --json lists each)", columns, rows)
+            for i in range(len(first))
+        ]
+        self._show(title, columns, rows)
         line = (
             f"records {scan.total('records')}, watermarks {scan.total('watermarks')}, "
             f"other elements {scan.total('other_elements')}"

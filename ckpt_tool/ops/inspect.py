@@ -381,22 +381,34 @@ def _channel_arrays(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[
             pieces: list[tuple[np.ndarray, ...]] = []
             one_by_one: list[ChannelStateHandle] = []
             for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
-                alike = None
-                if isinstance(handle, MergedChannelStateHandle) and not isinstance(handle.delegate, ByteStreamHandle):
-                    alike = uniform_merged_channels(handle.serialized_offsets)
+                alike = _alike_channels(handle) if isinstance(handle, MergedChannelStateHandle) else None
                 if alike is None:
                     one_by_one += handle.channels if isinstance(handle, MergedChannelStateHandle) else [handle]
                     continue
                 if one_by_one:
                     pieces.append(_channel_columns(one_by_one))
                     one_by_one = []
-                size = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
-                pieces.append((alike["gate"].astype(np.int64), alike["channel"].astype(np.int64), size))
+                pieces.append((alike["gate"].astype(np.int64), alike["channel"].astype(np.int64), _alike_payloads(alike)))
             pieces.append(_channel_columns(one_by_one))
             result[direction] = tuple(np.concatenate(column) for column in zip(*pieces))
         return result
 
     return arrays
+
+
+def _alike_channels(handle: MergedChannelStateHandle) -> Optional[np.ndarray]:
+    """A merged handle's channels as one array (``uniform_merged_channels``) where they list
+    alike and lie in a file; None to take them channel by channel (inline data is read for its
+    lengths)."""
+    if isinstance(handle.delegate, ByteStreamHandle):
+        return None
+    return uniform_merged_channels(handle.serialized_offsets)
+
+
+def _alike_payloads(alike: np.ndarray) -> np.ndarray:
+    """Each channel's ``payload_bytes`` of ``_alike_channels``: its state size without the
+    buffers' 4-byte lengths."""
+    return alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)
 
 
 def _channel_columns(handles: list[ChannelStateHandle]) -> tuple[np.ndarray, ...]:
@@ -432,7 +444,7 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
                 if not isinstance(handle, MergedChannelStateHandle):
                     rows.append(row % (handle.info[0], handle.info[1], len(handle.offsets), handle.payload_bytes, file))
                     continue
-                alike = None if isinstance(delegate, ByteStreamHandle) else uniform_merged_channels(handle.serialized_offsets)
+                alike = _alike_channels(handle)
                 if alike is None:  # channel by channel
                     rows += [row % (h.info[0], h.info[1], len(h.offsets), h.payload_bytes, file) for h in handle.channels]
                     continue
@@ -440,7 +452,7 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
                     continue
                 values = np.empty((len(alike), 4), dtype=np.int64)  # their rows in one piece (p of them at parallelism p)
                 values[:, 0], values[:, 1], values[:, 2] = alike["gate"], alike["channel"], alike["buffers"]
-                values[:, 3] = alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)  # ``payload_bytes``
+                values[:, 3] = _alike_payloads(alike)
                 head, last = _CHANNEL_PARTS[direction]
                 rows.append(_framing.int_rows((*head, last.replace("%s", file, 1).encode()), values, b", ").decode())
         return "[" + ", ".join(rows) + "]"

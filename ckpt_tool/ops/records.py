@@ -79,8 +79,7 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 current = index
             if index not in decodings:
                 decodings[index] = Decoding(context.exchanges[index], context.places.get(index))
-            exchange = context.exchanges[channel.exchange_index]
-            label = context.labels[channel.exchange_index]
+            exchange, label = context.exchanges[index], context.labels[index]
             key = (channel.upstream_subtask, channel.downstream_subtask)
             where: dict[str, Any] = {
                 "exchange": label,
@@ -89,19 +88,11 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 "gate": exchange.gate,
                 "upstream_subtask": channel.upstream_subtask,
                 "downstream_subtask": channel.downstream_subtask,
-                "input_channel": context.pointwise[channel.exchange_index].get(key, channel.upstream_subtask),
+                "input_channel": context.pointwise[index].get(key, channel.upstream_subtask),
             }
             with naming(f"{label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
                 records = read_channel(reader, channel)
-                columns = channel_columns(
-                    records,
-                    exchange,
-                    context.places.get(channel.exchange_index),
-                    where,
-                    channel.max_parallelism,
-                    channel.parallelism,
-                    decodings[index],
-                )
+                columns = channel_columns(records, decodings[index], where, channel.max_parallelism, channel.parallelism)
             del records  # the channel's bytes go before the values are converted, the values before they are encoded
             count = len(columns["element_index"])
             if held and held + count > ROWS_PER_GROUP:

@@ -189,12 +189,15 @@ def _decoder(exchange: Exchange):
 
 
 class Decoding:
-    """How an exchange's records are decoded (its key function, value decoder and value type),
-    made once per exchange and engine task, not once per channel (a job at parallelism p has p²)."""
+    """How an exchange's records are decoded (its key function, value decoder and value type)
+    and where their values go (``value_field``: "" for the value column itself, a field of it, or
+    None for raw bytes), made once per exchange and engine task, not once per channel (a job at
+    parallelism p has p²)."""
 
-    __slots__ = ("avro", "decode", "key_of", "value_type")
+    __slots__ = ("avro", "decode", "key_of", "value_field", "value_type")
 
     def __init__(self, exchange: Exchange, value_field: Optional[str]) -> None:
+        self.value_field = value_field
         self.key_of = exchange.key_function() if exchange.keyed else None
         self.decode = _decoder(exchange) if value_field is not None else None
         self.value_type = _value_type(exchange)
@@ -202,26 +205,19 @@ class Decoding:
 
 
 def channel_columns(
-    records: ChannelRecords,
-    exchange: Exchange,
-    value_field: Optional[str],
-    where: dict[str, Any],
-    max_parallelism: int,
-    parallelism: int,
-    decoding: Optional[Decoding] = None,
+    records: ChannelRecords, decoding: Decoding, where: dict[str, Any], max_parallelism: int, parallelism: int
 ) -> dict[str, Any]:
-    """One channel's records as columns (by name; ``table`` makes them rows of the file's schema).
-    ``where``: the columns equal for every row (exchange, operators, gate, subtasks, input channel);
-    ``value_field``: "" for the value column itself, a field of it, or None (raw bytes); ``decoding``:
-    the exchange's ``Decoding`` for that value field, made here if not given. The columns hold no
-    reference to the channel's bytes, which the caller may drop before ``table``."""
+    """One channel's records as columns (by name; ``table`` makes them rows of the file's schema),
+    decoded as its exchange's ``decoding`` says. ``where``: the columns equal for every row
+    (exchange, operators, gate, subtasks, input channel). The columns hold no reference to the
+    channel's bytes, which the caller may drop before ``table``."""
     indices = np.flatnonzero(records.is_record)
     starts = (records.starts + 4)[indices].tolist()
     value_starts = records.value_starts()[indices]
     ends = records.ends[indices]
     count = len(indices)
-    decoding = decoding or Decoding(exchange, value_field)
     key_of, decode, value_type, avro = decoding.key_of, decoding.decode, decoding.value_type, decoding.avro
+    value_field = decoding.value_field
     hashes, printable, values, raw, timestamps = [], [], [], [], []
     data = records.data
     view = memoryview(data)
