@@ -407,6 +407,51 @@ def channels_of(handles: Sequence[AnyChannelHandle], gate: int) -> list[ChannelS
     return result
 
 
+@dataclass
+class GateFigures:
+    """One gate's (input) or partition's (output) channels among some handles, summed: buffers,
+    payload bytes (``payload_bytes``), and the highest channel (or subpartition) index, -1 where
+    it has none."""
+
+    buffers: int = 0
+    bytes: int = 0
+    highest: int = -1
+
+    def add(self, handles: Sequence[AnyChannelHandle], gate: int) -> GateFigures:
+        """These figures with ``channels_of(handles, gate)`` added, from the handles where they
+        can be: a merged handle (or columns) whose channels are all on ``gate`` is summed as it
+        is, its highest channel read as one array where its channels are alike, and none is
+        decoded into per-channel objects but one whose channels lie on several gates (a
+        ``ckpt schema`` of a job at parallelism p would otherwise make p² of them)."""
+        for handle in handles:
+            if isinstance(handle, ChannelStateHandle):
+                if handle.info[0] == gate:
+                    self.buffers += handle.buffer_count
+                    self.bytes += handle.payload_bytes
+                    self.highest = max(self.highest, handle.info[1])
+            elif handle.gates != (gate,):
+                if gate in handle.gates:
+                    self.add(channels_of([handle], gate), gate)
+            elif isinstance(handle, ChannelColumns):
+                self.buffers += handle.buffer_count
+                self.bytes += handle.payload_bytes
+                self.highest = max(self.highest, int(handle.channel.max()))
+            else:
+                alike = uniform_merged_channels(handle.serialized_offsets)
+                if alike is None or isinstance(handle.delegate, ByteStreamHandle):
+                    self.add(handle.channels, gate)
+                    continue
+                self.buffers += handle.buffer_count
+                self.bytes += handle.payload_bytes
+                self.highest = max(self.highest, int(alike["channel"].max()))
+        return self
+
+
+def handle_gates(handles: Sequence[AnyChannelHandle]) -> set[int]:
+    """The gates (input) or partitions (output) of the channels of ``handles``, none decoded."""
+    return {g for h in handles for g in ((h.info[0],) if isinstance(h, ChannelStateHandle) else h.gates)}
+
+
 def merged_offsets_totals(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
     """Channels, buffers, the sum of state sizes and the gates (or partitions) in well-formed merged offsets."""
     (count,) = _MERGED_COUNT.unpack_from(data, 0)

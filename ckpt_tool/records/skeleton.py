@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, GateFigures, OperatorState, handle_gates
 from ckpt_tool.records.schema import Exchange, SchemaError
 from ckpt_tool.text import printable, shown, toml_string
 
@@ -30,12 +30,24 @@ FIT = "the bytes fit"
 CONTRADICTED = "the bytes contradict it"
 
 
+def _figures_of(op: Optional[OperatorState], direction: str, number: int) -> GateFigures:
+    """One gate (input) or partition (output) of an operator, summed over its subtasks from the
+    handles (a job at parallelism p has p² channels, in a few merged handles per subtask)."""
+    figures = GateFigures()
+    for s in op.subtasks if op is not None else []:
+        figures.add(s.input_channels if direction == INPUT else s.output_channels, number)
+    return figures
+
+
 def _in_flight(op: Optional[OperatorState], direction: str, number: int) -> tuple[int, int]:
     """(buffers, payload bytes) of one gate (input) or partition (output) of an operator."""
-    if op is None:
-        return 0, 0
-    handles = [h for s in op.subtasks for h in s.channels_on(direction, number)]
-    return sum(h.buffer_count for h in handles), sum(h.payload_bytes for h in handles)
+    figures = _figures_of(op, direction, number)
+    return figures.buffers, figures.bytes
+
+
+def _gates(op: OperatorState, direction: str) -> set[int]:
+    """The gates (input) or partitions (output) the operator's subtasks hold channels of."""
+    return {g for s in op.subtasks for g in handle_gates(s.input_channels if direction == INPUT else s.output_channels)}
 
 
 def _describe(op: OperatorState) -> str:
@@ -109,9 +121,7 @@ def schema_skeleton(
         lines += [""]
     count += _unplanned(metadata, described, lines, evidence)
     for op in metadata.operators:
-        for partition in sorted(
-            {h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)} - {p for i, p in sent if i == op.id_hex}
-        ):
+        for partition in sorted(_gates(op, OUTPUT) - {p for i, p in sent if i == op.id_hex}):
             buffers, size = _in_flight(op, OUTPUT, partition)
             if buffers:
                 count += 1
@@ -150,22 +160,20 @@ def _unplanned(
     sender is one of the operators with output state that the parallelisms allow."""
     gates: dict[tuple[str, int], OperatorState] = {}
     for op in metadata.operators:
-        for s in op.subtasks:
-            for h in s.channel_handles(INPUT):
-                if (op.id_hex, h.info[0]) not in described:
-                    gates[(op.id_hex, h.info[0])] = op
+        for gate in sorted(_gates(op, INPUT)):
+            if (op.id_hex, gate) not in described:
+                gates[(op.id_hex, gate)] = op
     for (_, gate), downstream in sorted(gates.items(), key=lambda item: (item[1].label, item[0][1])):
         lines += ["[[exchange]]", f"# downstream (head of its chain): {_describe(downstream)}"]
-        buffers, size = _in_flight(downstream, INPUT, gate)
-        lines += [f"# in flight: {buffers} input buffers ({size} bytes) at the receiver; the sender's below"]
-        channels = [h.info[1] for s in downstream.subtasks for h in s.channels_on(INPUT, gate)]
+        received = _figures_of(downstream, INPUT, gate)
+        lines += [f"# in flight: {received.buffers} input buffers ({received.bytes} bytes) at the receiver; the sender's below"]
         candidates = []
         for op in metadata.operators:
-            if op.id_hex == downstream.id_hex or (channels and max(channels) >= op.parallelism):
+            if op.id_hex == downstream.id_hex or received.highest >= op.parallelism:
                 continue  # input channel c is the sender's subtask c (or one of its subtasks, pointwise)
-            for partition in sorted({h.info[0] for s in op.subtasks for h in s.channel_handles(OUTPUT)}):
-                subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT) if h.info[0] == partition]
-                if max(subpartitions) < downstream.parallelism:  # subpartition d feeds the receiver's subtask d
+            for partition in sorted(_gates(op, OUTPUT)):
+                # subpartition d feeds the receiver's subtask d
+                if _figures_of(op, OUTPUT, partition).highest < downstream.parallelism:
                     candidates.append((op, partition))
         fitting = []  # the candidates the bytes fit
         contradicted = 0
