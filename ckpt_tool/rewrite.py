@@ -401,7 +401,7 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
     channel = np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts)
     subtask = np.concatenate([r.placed.subtask for r in routed]).astype(np.int32)
     # stable: of equal keys (none, in a sound routing) the one routed first comes first, as sorted() kept them
-    order = np.lexsort((channel, gate, subtask, operator))
+    order = stable_order(operator, subtask, gate, channel)
     file, operator, gate, channel, subtask = file[order], operator[order], gate[order], channel[order], subtask[order]
     size = np.concatenate([r.placed.size for r in routed]).astype(np.int64)[order]
     buffers = np.concatenate([np.diff(r.placed.bounds) for r in routed]).astype(np.int64)
@@ -421,6 +421,25 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
             INPUT, key[1], gate[view], channel[view], size[view], bounds[lo : hi + 1], offsets, file[view], files
         )
     return result
+
+
+def stable_order(*columns: np.ndarray) -> np.ndarray:
+    """``np.lexsort`` of the columns, the first the primary key (rows by the first, then the next,
+    ..., as gathered where all are equal): one stable argsort of a key made of all of them, where
+    they are not negative and it fits 62 bits (9.4 million new channels of a rescale from 4,096 to
+    3,072: 1.5 s for lexsort's four passes, 0.6 s), else lexsort."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    width = 1
+    for column in columns:
+        if len(column) and int(column.min()) < 0:
+            return np.lexsort(columns[::-1])
+        span = int(column.max(initial=0)) + 1
+        width *= span
+        if width >= 1 << 62:
+            return np.lexsort(columns[::-1])
+        key *= span
+        key += column
+    return np.argsort(key, kind="stable")
 
 
 def written_files(routed: list[RoutedFile]) -> tuple[dict[str, int], np.ndarray]:
@@ -574,7 +593,7 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     paired[held_order] = wanted_order
     del wanted, wanted_keys, held_order, wanted_order
     # read back each file through its handles (in key order), with the engine
-    by_file = np.lexsort((held_keys, held.file))
+    by_file = stable_order(held.file, held_keys)
     del held_keys
     buffers = held_buffers[by_file].astype(np.int64)
     first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
@@ -609,7 +628,8 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
         theirs = paired[rows]
         digests = np.frombuffer(back.digests, dtype=np.uint8).reshape(stop - start, 16)
         differ = (back.records != routed_records[theirs]) | (back.trailing != 0) | (digests != routed_digests[theirs]).any(axis=1)
-        np.add.at(out, held.exchange[rows], back.records)
+        # exact: a file's records per exchange are far below float64's 2**53
+        out += np.bincount(held.exchange[rows], weights=back.records, minlength=len(out)).astype(np.int64)
         for at in np.flatnonzero(differ)[:1].tolist():  # rows of a file are in key order
             wrong.append((int(rows[at]), int(back.records[at]), int(back.trailing[at]), int(routed_records[theirs[at]])))
     if wrong:

@@ -286,16 +286,17 @@ def test_reading_back_at_once_and_handle_by_handle_agree(staged):
     assert together.problem is not None and "not referenced by any handle" in together.problem
 
 
+def fields(handles) -> list:
+    """What a merged handle is made of, to compare two ways of making them."""
+    return [
+        (m.subtask_index, m.state_size, m.delegate, m.serialized_offsets, m.channel_count, m.buffer_count, m.gates)
+        for m in handles
+    ]
+
+
 def test_columns_merge_as_their_handles_do(staged_in_files):
     """A subtask's new channels lie in a file per engine task: written merged, each file's channels
     are one merged handle, made from the columns with NumPy exactly as from the handles as objects."""
-
-    def fields(handles) -> list:
-        return [
-            (m.subtask_index, m.state_size, m.delegate, m.serialized_offsets, m.channel_count, m.buffer_count, m.gates)
-            for m in handles
-        ]
-
     result = staged_in_files[1]
     files = len({r.file_name for r in result.routed})
     subtasks = [s for op in result.metadata.operators for s in op.subtasks]
@@ -304,3 +305,26 @@ def test_columns_merge_as_their_handles_do(staged_in_files):
     for c in columns:
         assert fields(merged_columns(c)) == fields(merge_channel_handles(c.channels))
     assert merging_gains(result.metadata)
+
+
+@pytest.mark.parametrize("layout", ["alike, one file", "alike, files interleaved", "uneven", "two gates"])
+def test_columns_of_every_layout_merge_as_their_handles_do(layout):
+    """Channels alike (one buffer each, at high parallelism) are serialized as one table, others
+    count by count; files interleaved, or channels on two gates, merge as their handles do."""
+    from ckpt_tool.flink.model import INPUT, HandleFiles, RelativeFileHandle
+
+    rng = np.random.default_rng(7)
+    n = 300
+    counts = rng.integers(0, 4, n) if layout == "uneven" else np.ones(n, dtype=np.int64)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    gate = rng.integers(0, 2, n).astype(np.int32) if layout == "two gates" else np.zeros(n, dtype=np.int32)
+    file = np.zeros(n, dtype=np.int32) if layout == "alike, one file" else rng.integers(0, 5, n).astype(np.int32)
+    files = HandleFiles([RelativeFileHandle(f"part-{i}", 10_000) for i in range(5)])
+    columns = ChannelColumns(
+        INPUT, 3, gate, np.arange(n, dtype=np.int32), rng.integers(4, 900, n).astype(np.int64), bounds,
+        rng.integers(5, 10_000, int(bounds[-1])).astype(np.int64), file, files,
+    )  # fmt: skip
+    merged = merged_columns(columns)
+    assert len(merged) == len(np.unique(file))
+    assert fields(merged) == fields(merge_channel_handles(columns.channels))

@@ -714,7 +714,9 @@ def merge_channel_handles(handles: Sequence[AnyChannelHandle]) -> list[MergedCha
 def merged_columns(h: ChannelColumns) -> list[MergedChannelStateHandle]:
     """``merge_channel_handles`` of the handles ``h`` holds, with NumPy: a merged handle per file
     (in the order the files first come), its channels in row order. ckpt's rescale at parallelism p
-    places p² handles in a few files per subtask: objects of them would take gigabytes."""
+    places p² handles in a few files per subtask: objects of them would take gigabytes. Where every
+    channel lists the same number of buffers (mostly one, at high parallelism), the channels' table
+    is the serialized offsets as they are; each file's figures are summed at once."""
     if not h.channel_count:
         return []
     counts = np.diff(h.bounds)
@@ -723,23 +725,27 @@ def merged_columns(h: ChannelColumns) -> list[MergedChannelStateHandle]:
     sizes = 20 + 8 * ordered_counts
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
-    for count in np.unique(counts).tolist():
-        at = np.flatnonzero(ordered_counts == count)  # positions in file order
-        rows = order[at]
-        fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("count", ">i4")]
-        table = np.empty(len(rows), dtype=np.dtype(fields + ([("offsets", ">i8", (count,))] if count else [])))
-        table["gate"], table["channel"], table["size"], table["count"] = h.gate[rows], h.channel[rows], h.size[rows], count
-        if count:
-            table["offsets"] = h.offsets[h.bounds[rows][:, None] + np.arange(count)]
-        out[(starts[at][:, None] + np.arange(table.dtype.itemsize)).ravel()] = table.view(np.uint8)
+    low, high = int(ordered_counts.min()), int(ordered_counts.max())
+    distinct = [low] if low == high else np.unique(ordered_counts).tolist()
+    if len(distinct) == 1:
+        out = _channel_table(h, order, distinct[0]).view(np.uint8).reshape(-1)
+    else:
+        out = np.empty(int(ends[-1]), dtype=np.uint8)
+        for count in distinct:
+            at = np.flatnonzero(ordered_counts == count)  # positions in file order
+            table = _channel_table(h, order[at], count)
+            out[(starts[at][:, None] + np.arange(table.dtype.itemsize)).ravel()] = table.view(np.uint8).reshape(-1)
     files = h.file[order]
     firsts = np.flatnonzero(np.diff(files, prepend=-1))
     lasts = np.append(firsts[1:], len(order))
+    file_sizes = np.add.reduceat(h.size[order], firsts).tolist()
+    file_buffers = np.add.reduceat(ordered_counts, firsts).tolist()
+    gates = h.gate[order]
+    one_gate = (int(gates[0]),) if bool((gates == gates[0]).all()) else None
     result = []
-    for first, last in sorted(zip(firsts.tolist(), lasts.tolist()), key=lambda group: int(order[group[0]])):
-        rows = order[first:last]
-        size = int(h.size[rows].sum())
+    for group in np.argsort(order[firsts], kind="stable").tolist():  # files in the order they first come
+        first, last = int(firsts[group]), int(lasts[group])
+        size = file_sizes[group]
         result.append(
             MergedChannelStateHandle(
                 h.direction,
@@ -748,12 +754,23 @@ def merged_columns(h: ChannelColumns) -> list[MergedChannelStateHandle]:
                 h.files.handles[int(files[first])],
                 _INT.pack(last - first) + out[starts[first] : ends[last - 1]].tobytes(),
                 last - first,
-                int(counts[rows].sum()),
+                file_buffers[group],
                 size,
-                tuple(dict.fromkeys(h.gate[rows].tolist())),
+                one_gate or tuple(dict.fromkeys(gates[first:last].tolist())),
             )
         )
     return result
+
+
+def _channel_table(h: ChannelColumns, rows: np.ndarray, count: int) -> np.ndarray:
+    """The channels of ``rows`` (each listing ``count`` buffers) as serialized merged offsets: gate,
+    channel, state size, buffer count and the buffers' offsets, big-endian, one record each."""
+    fields = [("gate", ">i4"), ("channel", ">i4"), ("size", ">i8"), ("count", ">i4")]
+    table = np.empty(len(rows), dtype=np.dtype(fields + ([("offsets", ">i8", (count,))] if count else [])))
+    table["gate"], table["channel"], table["size"], table["count"] = h.gate[rows], h.channel[rows], h.size[rows], count
+    if count:
+        table["offsets"] = h.offsets[h.bounds[rows][:, None] + np.arange(count)]
+    return table
 
 
 class _SerializedFiles:
