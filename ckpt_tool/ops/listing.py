@@ -11,8 +11,11 @@ the channel-state payload bytes.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
+
+import numpy as np
 
 from ckpt_tool.errors import CkptError, StorageError
 from ckpt_tool.flink.job_dir import METADATA_FILE, JobEntry, job_entries
@@ -21,10 +24,13 @@ from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
     ByteStreamHandle,
+    ChannelStateHandle,
     CheckpointMetadata,
     FileHandle,
+    MergedChannelStateHandle,
     RelativeFileHandle,
     SegmentFileHandle,
+    uniform_merged_channels,
 )
 from ckpt_tool.storage import io_for, join, normalize_uri
 
@@ -142,16 +148,61 @@ def _referenced_bytes(metadata: CheckpointMetadata) -> int:
 
 def _replicated_handles(metadata: CheckpointMetadata) -> int:
     """Channel-state handles whose buffers (the same bytes at the same offsets) another subtask of
-    the same operator holds too: the replicas an unaligned checkpoint's rescale by Flink leaves."""
+    the same operator holds too: the replicas an unaligned checkpoint's rescale by Flink leaves.
+    Channels are compared as rows of their buffers' offsets, by file and buffer count: a merged
+    handle whose channels list equally many buffers is read as one array, not opened into its
+    channels (p² at parallelism p: at 4,096, 96 s and 8.3 GB as objects)."""
     replicas = 0
     for op in metadata.operators:
-        holders: dict[tuple, set[int]] = defaultdict(set)
+        groups: dict[tuple, _Rows] = defaultdict(_Rows)  # by (direction, file, buffers per channel)
         for s in op.subtasks:
             for direction in (INPUT, OUTPUT):
-                for h in s.channel_handles(direction):
-                    key = _handle_key(h.delegate)
-                    if key is None or not h.offsets:
-                        continue
-                    holders[(direction, key, tuple(h.offsets))].add(s.index)
-        replicas += sum(len(indexes) - 1 for indexes in holders.values() if len(indexes) > 1)
+                for handle in s.input_channels if direction == INPUT else s.output_channels:
+                    _add_channels(groups, direction, s.index, handle)
+        replicas += sum(rows.replicas() for rows in groups.values())
     return replicas
+
+
+class _Rows:
+    """Channels of one file with equally many buffers: their offsets and the subtask holding each."""
+
+    def __init__(self) -> None:
+        self.arrays: list[tuple[np.ndarray, int]] = []  # (offsets: channels × buffers, subtask)
+        self.offsets: list[Sequence[int]] = []  # and channel by channel
+        self.subtasks: list[int] = []
+
+    def replicas(self) -> int:
+        """Per distinct row of offsets, the subtasks holding it but one, summed."""
+        if len({subtask for _, subtask in self.arrays} | set(self.subtasks)) < 2:
+            return 0  # one subtask's own file (all but a few, at high parallelism)
+        matrices = [matrix for matrix, _ in self.arrays]
+        holders = [np.full(len(matrix), subtask, dtype=np.int64) for matrix, subtask in self.arrays]
+        if self.offsets:
+            matrices.append(np.array(self.offsets, dtype=np.int64).reshape(len(self.offsets), -1))
+            holders.append(np.array(self.subtasks, dtype=np.int64))
+        offsets, subtasks = np.concatenate(matrices), np.concatenate(holders)
+        width = int(subtasks.max()) + 1
+        if offsets.shape[1] == 1 and int(offsets.min()) >= 0 and int(offsets.max()) < (1 << 62) // width:
+            held = offsets[:, 0] * width + subtasks  # (offset, subtask) as one number
+            return len(np.unique(held)) - len(np.unique(offsets[:, 0]))
+        return len(np.unique(np.column_stack([offsets, subtasks]), axis=0)) - len(np.unique(offsets, axis=0))
+
+
+def _add_channels(groups: dict[tuple, _Rows], direction: str, subtask: int, handle) -> None:
+    """The channels of ``handle`` with buffers in a file (inline ones are counted each time), as rows."""
+    if isinstance(handle, MergedChannelStateHandle):
+        key = _handle_key(handle.delegate)
+        alike = uniform_merged_channels(handle.serialized_offsets) if key is not None else None
+        if key is None or (alike is not None and "offsets" not in (alike.dtype.names or ())):
+            return  # inline, or channels without buffers
+        if alike is not None:
+            buffers = alike["offsets"].reshape(len(alike), -1).astype(np.int64)
+            groups[(direction, key, buffers.shape[1])].arrays.append((buffers, subtask))
+            return
+    for channel in handle.channels if not isinstance(handle, ChannelStateHandle) else [handle]:
+        key = _handle_key(channel.delegate)
+        if key is None or not channel.offsets:
+            continue
+        rows = groups[(direction, key, len(channel.offsets))]
+        rows.offsets.append(channel.offsets)
+        rows.subtasks.append(subtask)
