@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ckpt_tool.exchanges import record_counter
-from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState
+from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, OperatorState, gates_holding
 from ckpt_tool.flink.operator_id import operator_id_of_uid
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import RescaleError, RescalePlan
@@ -288,10 +288,10 @@ class StateAfter:
     def kept(self, op: OperatorState, direction: str) -> bool:
         """Whether ``op`` keeps handles of ``direction`` that the rewrite leaves as they are."""
         return any(
-            h.offsets and (op.id_hex, h.info[0]) not in self.replaced[direction]
+            (op.id_hex, gate) not in self.replaced[direction]
             for s in op.subtasks
             if not s.finished
-            for h in s.channel_handles(direction)
+            for gate in gates_holding(s.input_channels if direction == INPUT else s.output_channels)
         )
 
     def routed_in(self, op_id: str) -> list[int]:
@@ -368,11 +368,11 @@ def _exchanges_of(after: StateAfter, op: OperatorState) -> set[str]:
     found = set()
     for s in op.subtasks:
         for direction in (INPUT, OUTPUT):
-            for h in s.channel_handles(direction):
-                if h.offsets and (op.id_hex, h.info[0]) not in after.replaced[direction]:
+            for gate in gates_holding(s.input_channels if direction == INPUT else s.output_channels):
+                if (op.id_hex, gate) not in after.replaced[direction]:
                     for e in plan.exchanges:
-                        if (direction == INPUT and (e.downstream_id, e.gate) == (op.id_hex, h.info[0])) or (
-                            direction == OUTPUT and (e.upstream_id, e.partition) == (op.id_hex, h.info[0])
+                        if (direction == INPUT and (e.downstream_id, e.gate) == (op.id_hex, gate)) or (
+                            direction == OUTPUT and (e.upstream_id, e.partition) == (op.id_hex, gate)
                         ):
                             found.add(e.downstream_id)
                             break

@@ -148,7 +148,7 @@ def _figures_of_channels(channels) -> tuple[int, int, int]:
 def test_gate_figures_are_those_of_the_gates_channels(fixture):
     """`ckpt schema` sums a gate from the handles (merged ones unopened where all their channels are
     on it: 36 s and 3.3 GB to 2.7 s and 1 GB at p=4,096 dense): the sums of the gate's channels."""
-    from ckpt_tool.flink.model import GateFigures, handle_gates
+    from ckpt_tool.flink.model import GateFigures, gates_holding, handle_gates
 
     md = Checkpoint.open(str(fixture.checkpoint)).metadata
     for op in md.operators:
@@ -157,6 +157,7 @@ def test_gate_figures_are_those_of_the_gates_channels(fixture):
                 handles = s.input_channels if direction == INPUT else s.output_channels
                 every = s.channel_handles(direction)
                 assert handle_gates(handles) == {h.info[0] for h in every}
+                assert gates_holding(handles) == {h.info[0] for h in every if h.offsets}
                 for gate in handle_gates(handles) | {99}:
                     figures = GateFigures().add(handles, gate)
                     expected = _figures_of_channels(s.channels_on(direction, gate))
@@ -167,7 +168,7 @@ def test_gate_figures_of_merged_handles_of_every_layout():
     """Alike channels on one gate are summed as they are; channels on several gates, of uneven
     buffers, or inline are summed channel by channel, to the same figures."""
     from ckpt_tool.flink.metadata import serialize_merged_offsets
-    from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, GateFigures, handle_gates
+    from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, GateFigures, gates_holding, handle_gates
 
     def merged(channels, delegate=None):
         data = serialize_merged_offsets(channels)
@@ -182,7 +183,8 @@ def test_gate_figures_of_merged_handles_of_every_layout():
     plain = ChannelStateHandle(INPUT, 0, (1, 11), (5,), 44, None)
     handles = [merged(alike), merged(two_gates), merged(uneven), merged(inline, inline[0].delegate), plain]
     channels = [ch for h in handles for ch in (h.channels if isinstance(h, MergedChannelStateHandle) else [h])]
-    assert handle_gates(handles) == {0, 1}
+    assert handle_gates(handles) == gates_holding(handles) == {0, 1}
+    assert gates_holding([merged([ChannelStateHandle(INPUT, 0, (2, 0), (), 0, None)])] + handles) == {0, 1}
     for gate in (0, 1, 2):
         figures = GateFigures().add(handles, gate)
         expected = _figures_of_channels([ch for ch in channels if ch.info[0] == gate])

@@ -452,6 +452,11 @@ def handle_gates(handles: Sequence[AnyChannelHandle]) -> set[int]:
     return {g for h in handles for g in ((h.info[0],) if isinstance(h, ChannelStateHandle) else h.gates)}
 
 
+def gates_holding(handles: Sequence[AnyChannelHandle]) -> set[int]:
+    """The gates (input) or partitions (output) on which ``handles`` hold a buffer (``GateFigures``)."""
+    return {gate for gate in handle_gates(handles) if GateFigures().add(handles, gate).buffers}
+
+
 def merged_offsets_totals(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
     """Channels, buffers, the sum of state sizes and the gates (or partitions) in well-formed merged offsets."""
     (count,) = _MERGED_COUNT.unpack_from(data, 0)

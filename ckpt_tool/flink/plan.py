@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ckpt_tool.flink.model import OUTPUT, UPPER_BOUND_MAX_PARALLELISM, CheckpointMetadata, OperatorState
+from ckpt_tool.flink.model import UPPER_BOUND_MAX_PARALLELISM, CheckpointMetadata, GateFigures, OperatorState, handle_gates
 from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key
 
 POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
@@ -177,8 +177,12 @@ def _output_fits(op: OperatorState, parallelism: int, downstream_parallelism: in
     """Could ``op`` be the tail of a vertex of ``parallelism`` feeding ``downstream_parallelism``?"""
     if op.parallelism != parallelism:
         return False
-    subpartitions = [h.info[1] for s in op.subtasks for h in s.channel_handles(OUTPUT)]
-    return bool(subpartitions) and max(subpartitions) < downstream_parallelism
+    # the highest subpartition from the handles: a job at parallelism p holds p² output channels
+    highest = -1
+    for s in op.subtasks:
+        for partition in handle_gates(s.output_channels):
+            highest = max(highest, GateFigures().add(s.output_channels, partition).highest)
+    return 0 <= highest < downstream_parallelism
 
 
 def _tails(vertices: dict[str, PlanVertex], metadata: CheckpointMetadata) -> dict[str, Optional[str]]:
