@@ -21,13 +21,17 @@ anything is read or written.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.finished import finished_state_problem
-from ckpt_tool.flink.model import INPUT, OUTPUT, CheckpointMetadata, MergedChannelStateHandle, SubtaskState, columns_opened
+from ckpt_tool.flink.model import (
+    INPUT,
+    OUTPUT,
+    CheckpointMetadata,
+    gates_holding,
+)
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.records.schema import Exchange
 
@@ -158,20 +162,6 @@ REFUSAL_REASONS = {
 }
 
 
-def _gates_holding_data(subtask: SubtaskState, direction: str) -> Iterator[int]:
-    """The gate (input) or partition (output) of each handle of ``subtask`` in ``direction`` that
-    holds buffers: a merged handle of one gate is not decoded (a job at parallelism p has p²
-    channels), one of several gates is, channel by channel."""
-    for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
-        if isinstance(handle, MergedChannelStateHandle) and len(handle.gates) == 1:
-            if handle.buffer_count:
-                yield handle.gates[0]
-            continue
-        for channel in handle.channels if isinstance(handle, MergedChannelStateHandle) else (handle,):
-            if channel.offsets:
-                yield channel.info[0]
-
-
 def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, reroute_keyed: bool = False) -> None:
     """Every in-flight byte must belong to an exchange that can be carried to the new layout."""
     known_inputs = {(e.downstream_id, e.gate): i for i, e in enumerate(plan.exchanges)}
@@ -180,7 +170,7 @@ def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, rerout
     for op in metadata.operators:
         for direction, known in ((INPUT, known_inputs), (OUTPUT, known_outputs)):
             for s in op.subtasks:
-                for gate in _gates_holding_data(s, direction):
+                for gate in gates_holding(s.input_channels if direction == INPUT else s.output_channels):
                     index = known.get((op.id_hex, gate))
                     if index is None:
                         if plan.changes(op.id_hex):

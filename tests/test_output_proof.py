@@ -311,7 +311,7 @@ def test_columns_merge_as_their_handles_do(staged_in_files):
 def test_columns_of_every_layout_merge_as_their_handles_do(layout):
     """Channels alike (one buffer each, at high parallelism) are serialized as one table, others
     count by count; files interleaved, or channels on two gates, merge as their handles do."""
-    from ckpt_tool.flink.model import INPUT, HandleFiles, RelativeFileHandle
+    from ckpt_tool.flink.model import INPUT, HandleFiles, RelativeFileHandle, gates_holding
 
     rng = np.random.default_rng(7)
     n = 300
@@ -327,4 +327,5 @@ def test_columns_of_every_layout_merge_as_their_handles_do(layout):
     )  # fmt: skip
     merged = merged_columns(columns)
     assert len(merged) == len(np.unique(file))
+    assert gates_holding([columns]) == gates_holding(columns.channels) == gates_holding(merged)
     assert fields(merged) == fields(merge_channel_handles(columns.channels))

@@ -452,9 +452,26 @@ def handle_gates(handles: Sequence[AnyChannelHandle]) -> set[int]:
     return {g for h in handles for g in ((h.info[0],) if isinstance(h, ChannelStateHandle) else h.gates)}
 
 
-def gates_holding(handles: Sequence[AnyChannelHandle]) -> set[int]:
-    """The gates (input) or partitions (output) on which ``handles`` hold a buffer (``GateFigures``)."""
-    return {gate for gate in handle_gates(handles) if GateFigures().add(handles, gate).buffers}
+def gates_holding(handles: Sequence[AnyChannelHandle]) -> list[int]:
+    """The gates (input) or partitions (output) on which ``handles`` hold a buffer, each once, in
+    the order their channels first hold one. A merged handle of one gate is not decoded (a job at
+    parallelism p has p² channels), nor one of several whose channels are alike (read as one
+    array); columns are read as arrays."""
+    found: dict[int, None] = {}
+    for handle in handles:
+        if isinstance(handle, ChannelStateHandle):
+            if handle.offsets:
+                found[handle.info[0]] = None
+        elif len(handle.gates) == 1:
+            if handle.buffer_count:
+                found[handle.gates[0]] = None
+        elif isinstance(handle, ChannelColumns):
+            found.update(dict.fromkeys(handle.gate[np.diff(handle.bounds) > 0].tolist()))
+        elif (alike := uniform_merged_channels(handle.serialized_offsets)) is not None:
+            found.update(dict.fromkeys(alike["gate"][alike["buffers"] > 0].tolist()))
+        else:
+            found.update(dict.fromkeys(ch.info[0] for ch in handle.channels if ch.offsets))
+    return list(found)
 
 
 def merged_offsets_totals(data: bytes) -> tuple[int, int, int, tuple[int, ...]]:
