@@ -8,7 +8,8 @@ channel holds at least one record: p=4,096 dense holds 1.6 GB however little is 
 p=16 the same 1.6 GB lie in 256 channels). Then, each under ``ulimit -n 1024``:
 ``ckpt inspect``, ``ckpt inspect --schema``, ``ckpt verify --schema`` and ``ckpt rescale`` to 3p/4,
 each with ``--json`` (which lists every channel: p² rows), and ``ckpt inspect`` as it prints in a
-terminal (``inspect text``, a row per subtask past a thousand channels), with wall and CPU seconds
+terminal (``inspect text``, a row per subtask past a thousand channels), ``ckpt schema --plan``
+and ``ckpt list --json`` of the job directory, with wall and CPU seconds
 (this process's children: the command and its workers) and peak RSS.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
@@ -51,7 +52,7 @@ from spark_cluster import tree_pss_mb, tree_rss_mb  # noqa: E402
 
 CKPT = str(Path(sys.executable).parent / "ckpt")
 OPEN_FILES = 1024
-COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale", "inspect text")
+COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale", "inspect text", "schema", "list")
 
 
 def _limit_open_files() -> None:
@@ -151,6 +152,8 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
         "verify --schema": timed([CKPT, "verify", str(source), "--json", *inputs]),
         "rescale": timed([CKPT, "rescale", str(source), str(target), "-p", str(max(1, 3 * parallelism // 4)), "--json", *inputs]),
         "inspect text": timed([CKPT, "inspect", str(source)]),
+        "schema": timed([CKPT, "schema", str(source), "--plan", str(base / "plan.json")]),
+        "list": timed([CKPT, "list", str(source.parent), "--json"]),
     }
     row = {
         "parallelism": parallelism,
