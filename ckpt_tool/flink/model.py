@@ -286,6 +286,13 @@ class MergedChannelStateHandle:
     def channels(self) -> list[ChannelStateHandle]:
         return decode_merged_offsets(self.serialized_offsets, self.direction, self.subtask_index, self.delegate)
 
+    def alike_channels(self) -> Optional[np.ndarray]:
+        """Its channels as one array (``uniform_merged_channels``) where they list alike and lie
+        in a file; None to take them channel by channel (inline data is read for its lengths)."""
+        if isinstance(self.delegate, ByteStreamHandle):
+            return None
+        return uniform_merged_channels(self.serialized_offsets)
+
     @property
     def payload_bytes(self) -> int:
         """Buffer payload bytes of all its channels (``ChannelStateHandle.payload_bytes``)."""
@@ -437,8 +444,8 @@ class GateFigures:
                 self.bytes += handle.payload_bytes
                 self.highest = max(self.highest, int(handle.channel.max()))
             else:
-                alike = uniform_merged_channels(handle.serialized_offsets)
-                if alike is None or isinstance(handle.delegate, ByteStreamHandle):
+                alike = handle.alike_channels()
+                if alike is None:
                     self.add(handle.channels, gate)
                     continue
                 self.buffers += handle.buffer_count

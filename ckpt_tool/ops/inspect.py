@@ -35,7 +35,6 @@ from ckpt_tool.flink.model import (
     OperatorState,
     SubtaskState,
     columns_opened,
-    uniform_merged_channels,
 )
 from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.session import Session
@@ -381,7 +380,7 @@ def _channel_arrays(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[
             pieces: list[tuple[np.ndarray, ...]] = []
             one_by_one: list[ChannelStateHandle] = []
             for handle in columns_opened(subtask.input_channels if direction == INPUT else subtask.output_channels):
-                alike = _alike_channels(handle) if isinstance(handle, MergedChannelStateHandle) else None
+                alike = handle.alike_channels() if isinstance(handle, MergedChannelStateHandle) else None
                 if alike is None:
                     one_by_one += handle.channels if isinstance(handle, MergedChannelStateHandle) else [handle]
                     continue
@@ -396,18 +395,9 @@ def _channel_arrays(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[
     return arrays
 
 
-def _alike_channels(handle: MergedChannelStateHandle) -> Optional[np.ndarray]:
-    """A merged handle's channels as one array (``uniform_merged_channels``) where they list
-    alike and lie in a file; None to take them channel by channel (inline data is read for its
-    lengths)."""
-    if isinstance(handle.delegate, ByteStreamHandle):
-        return None
-    return uniform_merged_channels(handle.serialized_offsets)
-
-
 def _alike_payloads(alike: np.ndarray) -> np.ndarray:
-    """Each channel's ``payload_bytes`` of ``_alike_channels``: its state size without the
-    buffers' 4-byte lengths."""
+    """Each channel's ``payload_bytes`` of ``MergedChannelStateHandle.alike_channels``: its state
+    size without the buffers' 4-byte lengths."""
     return alike["size"].astype(np.int64) - 4 * alike["buffers"].astype(np.int64)
 
 
@@ -444,7 +434,7 @@ def _channels_json(checkpoint: Checkpoint, subtask: SubtaskState) -> Callable[[]
                 if not isinstance(handle, MergedChannelStateHandle):
                     rows.append(row % (handle.info[0], handle.info[1], len(handle.offsets), handle.payload_bytes, file))
                     continue
-                alike = _alike_channels(handle)
+                alike = handle.alike_channels()
                 if alike is None:  # channel by channel
                     rows += [row % (h.info[0], h.info[1], len(h.offsets), h.payload_bytes, file) for h in handle.channels]
                     continue

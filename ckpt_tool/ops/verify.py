@@ -33,7 +33,6 @@ from ckpt_tool.flink.model import (
     FileHandle,
     MergedChannelStateHandle,
     RelativeFileHandle,
-    uniform_merged_channels,
 )
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import plan_rescale
@@ -201,7 +200,7 @@ def _merged_digests(
         return None
     keys, by_file = [], defaultdict(list)
     for handle in handles:
-        channels = None if isinstance(handle.delegate, ByteStreamHandle) else uniform_merged_channels(handle.serialized_offsets)
+        channels = handle.alike_channels()
         if channels is None:
             return None
         keys.append(channels["gate"].astype(np.int64) << 32 | channels["channel"].astype(np.int64) & 0xFFFFFFFF)
