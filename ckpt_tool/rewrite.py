@@ -22,15 +22,17 @@ import numpy as np
 from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
-from ckpt_tool.engine.channels import ranges
+from ckpt_tool.engine.channels import narrow, ranges
 from ckpt_tool.engine.tasks import (
     ATTEMPT,
     ReadBackTask,
     RoutedFile,
+    check_back,
     discard_other_attempts,
     read_back,
     route_batch,
     route_tasks,
+    routed_digest,
 )
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
@@ -363,9 +365,7 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     # files of failed, lost or speculative attempts on Spark (the map returns once none runs any more)
     discard_other_attempts(dst, names, routed)
     report.warnings = list(engine.warnings)
-    new_inputs = _placed_columns(rescaled, routed)
-    for r in routed:  # their buffers' places are in the new handles now
-        r.placed = r.placed.figures_only()
+    new_inputs = _placed_columns(rescaled, routed)  # the routed placements keep their figures only
     for op in metadata.operators:
         _give_subtasks_their_inputs(op, new_inputs)
         for s in op.subtasks:
@@ -388,29 +388,50 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
     """The new handles of each (downstream operator, subtask): one ``ChannelColumns`` each, its
     rows in (gate, channel) order, over the files in the order routed. A job at parallelism p gets
     p² of them (9.4 million from 4,096 to 3,072), as columns (about 40 bytes a handle) instead of
-    objects (about 160)."""
+    objects (about 160). Where each buffer lies is then in the columns only: every routed file's
+    placements keep their figures (``figures_only``), as the proof and the report use them.
+
+    Built a column at a time from each routed file's row (its operator, gate and new channel), so
+    that at 16.8 million handles (``repair`` at p=4,096 dense) the driver holds no more than a few
+    columns besides the routed placements it consumes."""
     counts = np.array([len(r.placed) for r in routed], dtype=np.int64)
     if not counts.sum():  # nothing routed, or only files that place no channel: no new handle
+        for r in routed:
+            r.placed = r.placed.figures_only()
         return {}
     names, task_file = written_files(routed)
     files = HandleFiles([RelativeFileHandle(name, size) for name, size in names.items()])
     operators = {op_id: i for i, op_id in enumerate(dict.fromkeys(e.downstream_id for e in rescaled))}
-    file = np.repeat(task_file, counts)
-    operator = np.repeat(np.array([operators[rescaled[r.exchange_index].downstream_id] for r in routed], dtype=np.int32), counts)
-    gate = np.repeat(np.array([rescaled[r.exchange_index].gate for r in routed], dtype=np.int32), counts)
-    channel = np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts)
-    subtask = np.concatenate([r.placed.subtask for r in routed]).astype(np.int32)
+    # per routed file: its operator, gate and new channel (the same for all the rows it places)
+    operator_of = np.array([operators[rescaled[r.exchange_index].downstream_id] for r in routed], dtype=np.int32)
+    gate_of = np.array([rescaled[r.exchange_index].gate for r in routed], dtype=np.int32)
+    channel_of = np.array([r.new_channel for r in routed], dtype=np.int32)
+    subtask = np.concatenate([r.placed.subtask for r in routed]).astype(np.int32, copy=False)
+    routed_row = np.repeat(np.arange(len(routed), dtype=np.int32), counts)  # each row's routed file
     # stable: of equal keys (none, in a sound routing) the one routed first comes first, as sorted() kept them
-    order = stable_order(operator, subtask, gate, channel)
-    file, operator, gate, channel, subtask = file[order], operator[order], gate[order], channel[order], subtask[order]
-    size = np.concatenate([r.placed.size for r in routed]).astype(np.int64)[order]
-    buffers = np.concatenate([np.diff(r.placed.bounds) for r in routed]).astype(np.int64)
-    first = np.concatenate([r.placed.bounds[:-1] for r in routed]).astype(np.int64)
-    first += np.repeat(np.cumsum([0] + [len(r.placed.offsets) for r in routed[:-1]]), counts)
-    offsets = np.concatenate([r.placed.offsets for r in routed]).astype(np.int64)[ranges(first[order], buffers[order])]
-    bounds = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(buffers[order], out=bounds[1:])
-    del order, buffers, first
+    order = stable_order(operator_of[routed_row], subtask, gate_of[routed_row], channel_of[routed_row])
+    routed_row = routed_row[order]
+    subtask = subtask[order]
+    size = np.concatenate([r.placed.size for r in routed])[order].astype(np.int64, copy=False)
+    buffers = np.concatenate([np.diff(r.placed.bounds) for r in routed])  # each row's buffer count, as routed
+    offsets = np.concatenate([r.placed.offsets for r in routed])  # each placement's bounds run from 0 to its offsets
+    for r in routed:  # where its buffers lie is in the columns from here on
+        r.placed = r.placed.figures_only()
+    if len(offsets) == len(buffers) and bool((buffers == 1).all()):  # a buffer per handle (as at high parallelism)
+        offsets = offsets[order].astype(np.int64, copy=False)
+        bounds = np.arange(len(order) + 1, dtype=np.int64)
+    else:
+        first = np.zeros(len(buffers), dtype=np.int64)
+        np.cumsum(buffers[:-1], out=first[1:])
+        buffers = buffers[order].astype(np.int64, copy=False)
+        offsets = offsets[ranges(first[order], buffers)].astype(np.int64, copy=False)
+        bounds = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(buffers, out=bounds[1:])
+        del first
+    del order, buffers
+    file, gate, channel = task_file[routed_row], gate_of[routed_row], channel_of[routed_row]
+    operator = operator_of[routed_row]
+    del routed_row
     ids = list(operators)
     cuts = np.flatnonzero((np.diff(operator) != 0) | (np.diff(subtask) != 0)) + 1
     result: dict[tuple[str, int], ChannelColumns] = {}
@@ -463,24 +484,37 @@ def _give_subtasks_their_inputs(op: OperatorState, new_inputs: dict) -> None:
     op.subtasks.sort(key=lambda s: s.index)
 
 
-class _Handles:
-    """Channel handles as columns (int32): per handle, the routed file it references (an index into
-    the routed files), its exchange, subtask and new channel, and one key for the three."""
+class _Keys:
+    """Channel handles named by one number each: (exchange, subtask, new channel) as
+    ``(exchange * subtasks + subtask) * channels + channel``."""
 
-    def __init__(self, files, exchanges, subtasks, channels) -> None:
-        self.file = np.asarray(files, dtype=np.int32)
-        self.exchange = np.asarray(exchanges, dtype=np.int32)
-        self.subtask = np.asarray(subtasks, dtype=np.int32)
-        self.channel = np.asarray(channels, dtype=np.int32)
+    def __init__(self, subtasks: int, channels: int) -> None:
+        self.subtasks, self.channels = subtasks, channels
 
-    def keys(self, subtasks: int, channels: int) -> np.ndarray:
-        return (self.exchange.astype(np.int64) * subtasks + self.subtask) * channels + self.channel
+    def of(self, exchange_subtask: np.ndarray, lengths: np.ndarray, channel: np.ndarray) -> np.ndarray:
+        """The keys of runs of handles, run i of ``lengths[i]`` handles of one exchange and subtask
+        (``exchange_subtask[i]``: ``exchange * subtasks + subtask``), each with its channel."""
+        keys = np.repeat(exchange_subtask.astype(np.int64) * self.channels, lengths)
+        keys += channel
+        return keys
+
+    def exchange(self, keys: np.ndarray) -> np.ndarray:
+        return keys // (self.subtasks * self.channels)
+
+    def named(self, key: int) -> tuple[int, int, int]:
+        """(exchange, subtask, channel) of one key."""
+        rest, channel = divmod(int(key), self.channels)
+        exchange, subtask = divmod(rest, self.subtasks)
+        return exchange, subtask, channel
 
 
-def _handles_on(s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: dict) -> list[tuple[np.ndarray, ...]]:
+def _handles_on(
+    s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: dict, offsets_only: bool = False
+) -> list[tuple[np.ndarray, ...]]:
     """The handles of a subtask's input gate that reference a routed file (a ``RelativeFileHandle``
-    of one of their names), as columns: the routed file, the channel, the buffer count, and the
-    buffers' offsets (each handle's in turn). Plain handles first, then each ``ChannelColumns``."""
+    of one of their names), as columns: the routed file, the channel and the buffer count (each
+    handle's in turn); with ``offsets_only``, their buffers' offsets instead (each handle's in turn).
+    Plain handles first, then each ``ChannelColumns``."""
     result: list[tuple[np.ndarray, ...]] = []
     plain = channels_of([h for h in s.input_channels if not isinstance(h, ChannelColumns)], gate)
     # only a RelativeFileHandle has a relative path: the files ckpt wrote are referenced so
@@ -488,9 +522,11 @@ def _handles_on(s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: 
     ours = [h for h, f in zip(plain, in_file) if f >= 0]
     if ours:
         counts = np.fromiter((len(h.offsets) for h in ours), dtype=np.int32, count=len(ours))
-        offsets = np.fromiter(chain.from_iterable(h.offsets for h in ours), dtype=np.int64, count=int(counts.sum()))
-        channels = np.fromiter((h.info[1] for h in ours), dtype=np.int32, count=len(ours))
-        result.append((np.array([f for f in in_file if f >= 0], dtype=np.int32), channels, counts, offsets))
+        if offsets_only:
+            result.append((np.fromiter(chain.from_iterable(h.offsets for h in ours), dtype=np.int64, count=int(counts.sum())),))
+        else:
+            channels = np.fromiter((h.info[1] for h in ours), dtype=np.int32, count=len(ours))
+            result.append((np.array([f for f in in_file if f >= 0], dtype=np.int32), channels, counts))
     for h in s.input_channels:
         if not isinstance(h, ChannelColumns):
             continue
@@ -502,9 +538,55 @@ def _handles_on(s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: 
         file = known[1][h.file[rows]]
         rows = rows[file >= 0]
         counts = (h.bounds[rows + 1] - h.bounds[rows]).astype(np.int32)
-        offsets = h.offsets[ranges(h.bounds[rows], counts.astype(np.int64))]
-        result.append((file[file >= 0], h.channel[rows].astype(np.int32), counts, offsets))
+        if offsets_only:
+            result.append((h.offsets[ranges(h.bounds[rows], counts.astype(np.int64))],))
+        else:
+            result.append((file[file >= 0], h.channel[rows].astype(np.int32), counts))
     return result
+
+
+def _held(metadata, index_of: dict, file_of: dict[str, int], offsets_only: bool = False):
+    """``_handles_on`` of every rerouted gate of every subtask, in metadata order, with the
+    exchange and subtask of each piece."""
+    in_routed: dict[int, tuple[HandleFiles, np.ndarray]] = {}  # per columns' files: each one's routed file, or -1
+    for op in metadata.operators:
+        gates = [(gate, index) for (operator_id, gate), index in index_of.items() if operator_id == op.id_hex]
+        for s in op.subtasks:
+            for gate, exchange_index in gates:
+                for piece in _handles_on(s, gate, file_of, in_routed, offsets_only):
+                    yield exchange_index, s.index, piece
+
+
+@dataclass
+class _HeldColumns:
+    """The handles into routed files, in metadata order: each one's routed file, channel and buffer
+    count; run i of ``lengths[i]`` handles is of exchange ``exchange[i]`` and subtask ``subtask[i]``."""
+
+    file: np.ndarray
+    channel: np.ndarray
+    buffers: np.ndarray
+    exchange: np.ndarray
+    subtask: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, metadata, index_of: dict, file_of: dict[str, int]) -> _HeldColumns:
+        pieces, owners = [], []
+        for exchange_index, subtask, piece in _held(metadata, index_of, file_of):
+            pieces.append(piece)
+            owners.append((exchange_index, subtask))
+        file, channel, buffers = [np.concatenate(c) for c in zip(*pieces)] or [np.zeros(0, dtype=np.int32)] * 3
+        return cls(
+            file,
+            channel,
+            buffers,
+            np.array([e for e, _ in owners], dtype=np.int64),
+            np.array([s for _, s in owners], dtype=np.int64),
+            np.array([len(p[0]) for p in pieces], dtype=np.int64),
+        )
+
+    def keys(self, keys: _Keys) -> np.ndarray:
+        return keys.of(self.exchange * keys.subtasks + self.subtask, self.lengths, self.channel)
 
 
 def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> np.ndarray:
@@ -512,139 +594,179 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     back per rerouted exchange. Raises OutputVerificationError where the new metadata does not hold
     exactly one handle for each channel routed, into the file it was routed to, or where a handle
     reads back other records (count or digest) than were routed into it, or a file's bytes are not
-    each referenced by exactly one handle. Handles and figures are columns: a rescale at parallelism
-    in the thousands writes millions of handles (each column is dropped once done with)."""
+    each referenced by exactly one handle. Handles are columns, each named by one number (``_Keys``)
+    rather than by columns of exchange, subtask and channel: a rescale at parallelism in the
+    thousands writes millions of handles (16.8 million for ``repair`` at p=4,096 dense). The
+    buffers' offsets are gathered only once every handle is found where it was routed to, and each
+    file's handles are compared where the file is read back (``check_back``)."""
     names, routed_file = written_files(routed)
     file_of = {name: i for i, name in enumerate(names)}
     sizes, names_list = list(names.values()), list(names)
     index_of = {(e.downstream_id, e.gate): i for i, e in enumerate(rescaled)}
-    columns: list[tuple[np.ndarray, ...]] = []  # per subtask and gate: file, exchange, subtask, channel, buffers
-    offset_parts: list[np.ndarray] = []  # their buffers' offsets, in that order
-    in_routed: dict[int, tuple[HandleFiles, np.ndarray]] = {}  # per columns' files: each one's routed file, or -1
-    for op in metadata.operators:
-        gates = [(gate, index) for (operator_id, gate), index in index_of.items() if operator_id == op.id_hex]
-        for s in op.subtasks:
-            for gate, exchange_index in gates:
-                for file, channel, buffer_counts, offsets in _handles_on(s, gate, file_of, in_routed):
-                    n = len(file)
-                    exchanges, subtasks = np.full(n, exchange_index, dtype=np.int32), np.full(n, s.index, dtype=np.int32)
-                    columns.append((file, exchanges, subtasks, channel, buffer_counts))
-                    offset_parts.append(offsets)
-    joined = [np.concatenate(c) for c in zip(*columns)] or [np.zeros(0, dtype=np.int32)] * 5
-    del columns
-    held = _Handles(*joined[:4])
-    held_buffers = joined[4]
-    del joined
-    all_offsets = np.concatenate(offset_parts) if offset_parts else np.zeros(0, dtype=np.int64)
-    del offset_parts
-    counts = [len(r.placed) for r in routed]
-    wanted = _Handles(
-        np.repeat(routed_file, counts),
-        np.repeat(np.array([r.exchange_index for r in routed], dtype=np.int32), counts),
-        np.concatenate([r.placed.subtask.astype(np.int32) for r in routed] or [np.zeros(0, dtype=np.int32)]),
-        np.repeat(np.array([r.new_channel for r in routed], dtype=np.int32), counts),
+    held = _HeldColumns.of(metadata, index_of, file_of)
+    counts = np.array([len(r.placed) for r in routed], dtype=np.int64)
+    wanted_subtask = np.concatenate([r.placed.subtask for r in routed] or [np.zeros(0, dtype=np.int32)])
+    routed_channel = np.array([r.new_channel for r in routed], dtype=np.int64)
+    keys = _Keys(
+        int(max(held.subtask.max(initial=0), wanted_subtask.max(initial=0))) + 1,
+        int(max(held.channel.max(initial=0), routed_channel.max(initial=0))) + 1,
     )
-    width_s = int(max(held.subtask.max(initial=0), wanted.subtask.max(initial=0))) + 1
-    width_c = int(max(held.channel.max(initial=0), wanted.channel.max(initial=0))) + 1
 
-    def problem_at(handles: _Handles, row: int, template: str, **more) -> OutputVerificationError:
-        """The mismatch of handle ``row``: ``template`` names its subtask {s}, gate {g} and channel {c}."""
-        exchange = rescaled[int(handles.exchange[row])]
-        subtask, channel = int(handles.subtask[row]), int(handles.channel[row])
+    def problem_at(key: int, template: str, **more) -> OutputVerificationError:
+        """The mismatch of the handle named ``key``: ``template`` names its subtask {s}, gate {g} and channel {c}."""
+        exchange_index, subtask, channel = keys.named(key)
+        exchange = rescaled[exchange_index]
         return _mismatch(metadata, exchange, template.format(s=subtask, c=channel, g=exchange.gate, **more))
 
     if (held.channel < 0).any():
-        raise problem_at(held, int(np.argmax(held.channel < 0)), "subtask {s} references channel {c}, which was not routed")
-    held_keys, wanted_keys = held.keys(width_s, width_c), wanted.keys(width_s, width_c)
-    held_order, wanted_order = np.argsort(held_keys, kind="stable"), np.argsort(wanted_keys, kind="stable")
-    held_sorted = held_keys[held_order]
+        row = int(np.argmax(held.channel < 0))
+        piece = int(np.searchsorted(np.cumsum(held.lengths), row, side="right"))
+        exchange = rescaled[int(held.exchange[piece])]
+        raise _mismatch(
+            metadata,
+            exchange,
+            f"subtask {int(held.subtask[piece])} references channel {int(held.channel[row])}, which was not routed",
+        )
+    held_keys = held.keys(keys)
+    held_file, held_buffers = narrow(held.file, np.int8), narrow(held.buffers, np.int8)
+    del held
+    routed_exchange = np.array([r.exchange_index for r in routed], dtype=np.int64)
+    wanted_keys = np.repeat(routed_exchange * (keys.subtasks * keys.channels) + routed_channel, counts)
+    step = wanted_subtask.astype(np.int64)
+    step *= keys.channels
+    wanted_keys += step  # + each one's subtask
+    del wanted_subtask, step
+    # the metadata lists each subtask's handles in channel order: its keys are then sorted already
+    in_order = len(held_keys) < 2 or bool((held_keys[1:] > held_keys[:-1]).all())
+    held_order = None if in_order else np.argsort(held_keys, kind="stable")
+    held_sorted = held_keys if held_order is None else held_keys[held_order]
     twice = np.flatnonzero(held_sorted[1:] == held_sorted[:-1])
     if len(twice):
-        raise problem_at(held, int(held_order[twice[0] + 1]), "two handles for subtask {s} channel ({g}, {c})")
+        raise problem_at(int(held_sorted[twice[0]]), "two handles for subtask {s} channel ({g}, {c})")
+    wanted_order = np.argsort(wanted_keys, kind="stable")
     # the same keys in both orders: each routed channel held once (no set test, whose sorting of
     # both columns again took several times their memory at millions of handles); else which not
-    if len(held_sorted) != len(wanted_keys) or not np.array_equal(held_sorted, wanted_keys[wanted_order]):
+    if not _equal_in_order(held_sorted, wanted_keys, wanted_order):
         missing = np.flatnonzero(~np.isin(wanted_keys, held_keys))
         if len(missing):
-            raise problem_at(wanted, int(missing[0]), "subtask {s} holds no handle for new channel {c}")
+            raise problem_at(int(wanted_keys[missing[0]]), "subtask {s} holds no handle for new channel {c}")
         unrouted = np.flatnonzero(~np.isin(held_keys, wanted_keys))
         if len(unrouted):
-            raise problem_at(held, int(unrouted[0]), "subtask {s} references channel {c}, which was not routed")
+            raise problem_at(int(held_keys[unrouted[0]]), "subtask {s} references channel {c}, which was not routed")
         twice = np.flatnonzero(np.diff(np.sort(wanted_keys)) == 0)  # a channel routed twice
-        raise problem_at(
-            wanted, int(np.argsort(wanted_keys, kind="stable")[twice[0] + 1]), "new channel {c} of subtask {s} was routed twice"
-        )
-    del held_sorted
+        raise problem_at(int(np.sort(wanted_keys)[twice[0]]), "new channel {c} of subtask {s} was routed twice")
+    del held_sorted, wanted_keys
     # now every routed channel has exactly one handle: row wanted_order[i] is held at held_order[i]
-    elsewhere = np.flatnonzero(held.file[held_order] != wanted.file[wanted_order])
+    wanted_file = np.repeat(routed_file, counts)[wanted_order]
+    elsewhere = np.flatnonzero((held_file if held_order is None else held_file[held_order]) != wanted_file)
     if len(elsewhere):
-        row = int(held_order[elsewhere[0]])
-        routed_to = names_list[int(wanted.file[wanted_order[elsewhere[0]]])]
-        held_in = names_list[int(held.file[row])]
+        row = int(elsewhere[0]) if held_order is None else int(held_order[elsewhere[0]])
+        routed_to = names_list[int(wanted_file[elsewhere[0]])]
+        held_in = names_list[int(held_file[row])]
         raise problem_at(
-            held,
-            row,
+            int(held_keys[row]),
             "subtask {s} channel {c} references {held_in}, its records were routed to {routed_to}",
             held_in=held_in,
             routed_to=routed_to,
         )
-
-    paired = np.empty(len(held_order), dtype=np.int32)  # each handle's routed row
-    paired[held_order] = wanted_order
-    del wanted, wanted_keys, held_order, wanted_order
+    del wanted_file
+    # each handle's routed row
+    if held_order is None:
+        paired = wanted_order.astype(np.int32)
+    else:
+        paired = np.empty(len(held_order), dtype=np.int32)
+        paired[held_order] = wanted_order
+    del held_order, wanted_order
     # read back each file through its handles (in key order), with the engine
-    by_file = stable_order(held.file, held_keys)
+    by_file = stable_order(held_file) if in_order else stable_order(held_file, held_keys)
     del held_keys
-    buffers = held_buffers[by_file].astype(np.int64)
-    first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
-    np.cumsum(held_buffers[:-1], dtype=np.int64, out=first_buffer[1:])
-    flat = all_offsets[ranges(first_buffer[by_file], buffers)]
-    del all_offsets, first_buffer
-    file_starts = np.flatnonzero(np.diff(held.file[by_file], prepend=-1)) if len(by_file) else by_file
+    buffers = held_buffers[by_file]
+    # the buffers' offsets, in the same order as the handles above
+    offset_pieces = [piece[0] for _, _, piece in _held(metadata, index_of, file_of, offsets_only=True)]
+    all_offsets = np.concatenate(offset_pieces) if offset_pieces else np.zeros(0, dtype=np.int64)
+    del offset_pieces
+    if len(all_offsets) == len(by_file) and bool((buffers == 1).all()):  # a buffer per handle
+        flat = all_offsets[by_file]
+    else:
+        first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
+        np.cumsum(held_buffers[:-1], dtype=np.int64, out=first_buffer[1:])
+        flat = all_offsets[ranges(first_buffer[by_file], buffers.astype(np.int64))]
+        del first_buffer
+    del all_offsets, held_buffers
+    file_starts = np.flatnonzero(np.diff(held_file[by_file], prepend=-1)) if len(by_file) else by_file
     file_stops = np.append(file_starts[1:], len(by_file))
     buffer_bounds = np.zeros(len(by_file) + 1, dtype=np.int64)
     np.cumsum(buffers, out=buffer_bounds[1:])
+    routed_starts = np.zeros(len(routed) + 1, dtype=np.int64)
+    np.cumsum(counts, out=routed_starts[1:])
     tasks = []
     for start, stop in zip(file_starts.tolist(), file_stops.tolist()):
-        at = int(held.file[by_file[start]])
+        at = int(held_file[by_file[start]])
         mine = flat[buffer_bounds[start] : buffer_bounds[stop]]
-        tasks.append(ReadBackTask(names_list[at], join(dst, names_list[at]), sizes[at], mine, buffers[start:stop]))
-    del flat, buffers, buffer_bounds
-    backs = session.engine.map(read_back, tasks, sizes=[t.size for t in tasks])
+        routed_here = routed_digest(*_routed_into(routed, routed_starts, paired[by_file[start:stop]]))
+        location = join(dst, names_list[at])
+        tasks.append(ReadBackTask(names_list[at], location, sizes[at], mine, buffers[start:stop], routed_here))
+    del flat, buffers, buffer_bounds, held_file, by_file  # made again only to name a handle that does not read back
+    checked = session.engine.map(check_back, tasks, sizes=[t.size for t in tasks])
+    problems = [(start, task, c) for start, task, c in zip(file_starts.tolist(), tasks, checked) if c.problem or c.differs]
     del tasks
-    for start, back in zip(file_starts.tolist(), backs):
-        if back.problem:
-            raise problem_at(held, int(by_file[start]), "{name}: {problem}", name=back.name, problem=back.problem)
-
-    # what each handle reads back against what was routed into its channel, file by file (each
-    # file's figures dropped once compared); a mismatch is named at the first handle in key order
-    routed_records = np.concatenate([r.placed.records for r in routed] or [np.zeros(0, dtype=np.int64)])
-    routed_digests = np.concatenate([r.placed.digest_matrix() for r in routed] or [np.zeros((0, 16), dtype=np.uint8)])
-    out = np.zeros(len(rescaled), dtype=np.int64)
-    wrong: list[tuple[int, int, int, int]] = []  # (row, records read back, bytes left over, records routed)
-    for index, (start, stop) in enumerate(zip(file_starts.tolist(), file_stops.tolist())):
-        back, backs[index] = backs[index], None
-        rows = by_file[start:stop]
-        theirs = paired[rows]
-        digests = np.frombuffer(back.digests, dtype=np.uint8).reshape(stop - start, 16)
-        differ = (back.records != routed_records[theirs]) | (back.trailing != 0) | (digests != routed_digests[theirs]).any(axis=1)
-        # exact: a file's records per exchange are far below float64's 2**53
-        out += np.bincount(held.exchange[rows], weights=back.records, minlength=len(out)).astype(np.int64)
-        for at in np.flatnonzero(differ)[:1].tolist():  # rows of a file are in key order
-            wrong.append((int(rows[at]), int(back.records[at]), int(back.trailing[at]), int(routed_records[theirs[at]])))
-    if wrong:
-        keys = _Handles(*(column[[w[0] for w in wrong]] for column in (held.file, held.exchange, held.subtask, held.channel)))
-        row, back_records, left, expected = wrong[int(np.argmin(keys.keys(width_s, width_c)))]
+    if problems:
+        held = _HeldColumns.of(metadata, index_of, file_of)
+        held_keys = held.keys(keys)
+        by_file = stable_order(held.file, held_keys)
+        for start, _, c in problems:  # a file's bytes not referenced once: the first such file
+            if c.problem:
+                raise problem_at(int(held_keys[by_file[start]]), "{name}: {problem}", name=c.name, problem=c.problem)
+        # a file that reads back other than was routed into it: read again here, handle by handle,
+        # and named at the first handle in key order that differs
+        wrong = []
+        for start, task, _ in problems:
+            rows = by_file[start : start + len(task.counts)]
+            records, digests = _routed_into(routed, routed_starts, paired[rows])
+            back = read_back(task)
+            found = np.frombuffer(back.digests, dtype=np.uint8).reshape(len(rows), 16)
+            differ = (back.records != records) | (back.trailing != 0)
+            differ |= (found != np.frombuffer(digests, dtype=np.uint8).reshape(len(rows), 16)).any(axis=1)
+            for at in np.flatnonzero(differ)[:1].tolist():  # rows of a file are in key order
+                wrong.append((int(held_keys[rows[at]]), int(back.records[at]), int(back.trailing[at]), int(records[at])))
+        key, back_records, left, expected = min(wrong)
         raise problem_at(
-            held,
-            row,
+            key,
             "subtask {s} channel {c} reads back {back} records ({left} bytes left over), {expected} were routed{differ}",
             back=back_records,
             left=left,
             expected=expected,
             differ="" if back_records != expected else ", bytes differ",
         )
+    # every handle read back what was routed into it: the records read back per exchange are those routed
+    out = np.zeros(len(rescaled), dtype=np.int64)
+    for r in routed:
+        out[r.exchange_index] += int(r.placed.records.sum(dtype=np.int64))
     return out
+
+
+def _equal_in_order(sorted_keys: np.ndarray, keys: np.ndarray, order: np.ndarray) -> bool:
+    """Whether ``keys[order]`` equals ``sorted_keys``, a piece at a time (not a copy of millions)."""
+    if len(sorted_keys) != len(keys):
+        return False
+    step = 1 << 20
+    return all(np.array_equal(sorted_keys[at : at + step], keys[order[at : at + step]]) for at in range(0, len(keys), step))
+
+
+def _routed_into(routed: list[RoutedFile], starts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """What was routed into routed rows ``rows`` (rows of all the routed files' placements one
+    after another, routed file i's from ``starts[i]``): their records and digests, gathered from
+    the few routed files they lie in (the handles of one written file)."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.int64), b""
+    entry = np.searchsorted(starts, rows, side="right") - 1
+    entries = np.unique(entry)
+    local_starts = np.zeros(len(entries) + 1, dtype=np.int64)
+    np.cumsum(starts[entries + 1] - starts[entries], out=local_starts[1:])
+    local = rows - starts[entry] + local_starts[np.searchsorted(entries, entry)]
+    records = np.concatenate([routed[e].placed.records for e in entries.tolist()])[local]
+    digests = np.concatenate([routed[e].placed.digest_matrix() for e in entries.tolist()])[local]
+    return records, digests.tobytes()
 
 
 def _mismatch(metadata, exchange, problem: str) -> OutputVerificationError:
