@@ -6,14 +6,14 @@ from fixtures/flink23-maxp4096-p2 a checkpoint of the same in-flight bytes: the 
 first, asked for ``--bytes``, and every smaller one then for the bytes that one holds (a filled
 channel holds at least one record: p=4,096 dense holds 1.6 GB however little is asked, so at
 p=16 the same 1.6 GB lie in 256 channels). Then, each under ``ulimit -n 1024``:
-``ckpt inspect``, ``ckpt inspect --schema``, ``ckpt verify --schema`` and ``ckpt rescale`` to 3p/4,
-each with ``--json`` (which lists every channel: p² rows), and ``ckpt inspect`` as it prints in a
-terminal (``inspect text``, a row per subtask past a thousand channels), ``ckpt schema --plan``
-and ``ckpt list --json`` of the job directory, with wall and CPU seconds
-(this process's children: the command and its workers) and peak RSS.
+``ckpt inspect``, ``ckpt inspect --schema``, ``ckpt verify --schema``, ``ckpt rescale`` to 3p/4 and
+``ckpt repair`` (every channel written back), each with ``--json`` (which lists every channel: p²
+rows), and ``ckpt inspect`` as it prints in a terminal (``inspect text``, a row per subtask past a
+thousand channels), ``ckpt schema --plan`` and ``ckpt list --json`` of the job directory, with wall
+and CPU seconds (this process's children: the command and its workers) and peak RSS.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
-best of 3, same run), at the largest parallelism; the loader also reads every rescaled output, and
+best of 3, same run), at the largest parallelism; the loader also reads every rescaled and repaired output, and
 Flink's classes (fixtures/java/ReferenceReader.java) count in it the records of the input, each in
 its key group's subtask, none twice (``reference_records``; where the input's ``_metadata`` is larger
 than LARGE_METADATA_MB or its in-flight bytes than LARGE_BYTES, Flink's reader gets 16 GiB and counts
@@ -52,7 +52,7 @@ from spark_cluster import tree_pss_mb, tree_rss_mb  # noqa: E402
 
 CKPT = str(Path(sys.executable).parent / "ckpt")
 OPEN_FILES = 1024
-COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale", "inspect text", "schema", "list")
+COMMANDS = ("inspect", "inspect --schema", "verify --schema", "rescale", "repair", "inspect text", "schema", "list")
 
 
 def _limit_open_files() -> None:
@@ -146,11 +146,13 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
     generated_s = time.perf_counter() - started
     inputs = ["--plan", str(base / "plan.json"), "--schema", str(SCHEMA)]
     target = source.parent.parent / "out" / "job" / "chk-3"
+    repaired = source.parent.parent / "repaired" / "job" / "chk-3"
     runs = {
         "inspect": timed([CKPT, "inspect", str(source), "--json"]),
         "inspect --schema": timed([CKPT, "inspect", str(source), "--json", *inputs]),
         "verify --schema": timed([CKPT, "verify", str(source), "--json", *inputs]),
         "rescale": timed([CKPT, "rescale", str(source), str(target), "-p", str(max(1, 3 * parallelism // 4)), "--json", *inputs]),
+        "repair": timed([CKPT, "repair", str(source), str(repaired), "--json", *inputs]),
         "inspect text": timed([CKPT, "inspect", str(source)]),
         "schema": timed([CKPT, "schema", str(source), "--plan", str(base / "plan.json")]),
         "list": timed([CKPT, "list", str(source.parent), "--json"]),
@@ -164,6 +166,8 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
         "runs": runs,
     }
     flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
+    flink_load_seconds(repaired)  # and the repaired one
+    shutil.rmtree(repaired.parent.parent, ignore_errors=True)
     # and Flink's classes count the same records in it, each in its key group's subtask, none twice.
     # On an input of more than a few million channels (p=4,096 dense) Flink's reader does not finish
     # within 20 minutes on a 16 GiB heap (it does on ckpt's output of it, whose files are few), and on
