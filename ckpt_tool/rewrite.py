@@ -498,9 +498,6 @@ class _Keys:
         keys += channel
         return keys
 
-    def exchange(self, keys: np.ndarray) -> np.ndarray:
-        return keys // (self.subtasks * self.channels)
-
     def named(self, key: int) -> tuple[int, int, int]:
         """(exchange, subtask, channel) of one key."""
         rest, channel = divmod(int(key), self.channels)
