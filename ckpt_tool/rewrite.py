@@ -491,11 +491,20 @@ class _Keys:
     def __init__(self, subtasks: int, channels: int) -> None:
         self.subtasks, self.channels = subtasks, channels
 
-    def of(self, exchange_subtask: np.ndarray, lengths: np.ndarray, channel: np.ndarray) -> np.ndarray:
-        """The keys of runs of handles, run i of ``lengths[i]`` handles of one exchange and subtask
-        (``exchange_subtask[i]``: ``exchange * subtasks + subtask``), each with its channel."""
-        keys = np.repeat(exchange_subtask.astype(np.int64) * self.channels, lengths)
+    def held(self, exchange: np.ndarray, subtask: np.ndarray, lengths: np.ndarray, channel: np.ndarray) -> np.ndarray:
+        """The keys of runs of handles as the metadata holds them: run i of ``lengths[i]`` handles
+        of exchange ``exchange[i]`` and subtask ``subtask[i]``, each handle with its channel."""
+        keys = np.repeat((exchange.astype(np.int64) * self.subtasks + subtask) * self.channels, lengths)
         keys += channel
+        return keys
+
+    def routed(self, exchange: np.ndarray, channel: np.ndarray, lengths: np.ndarray, subtask: np.ndarray) -> np.ndarray:
+        """The keys of runs of handles as they were routed: run i of ``lengths[i]`` handles of
+        exchange ``exchange[i]`` and new channel ``channel[i]``, each handle of its subtask."""
+        keys = np.repeat(exchange.astype(np.int64) * (self.subtasks * self.channels) + channel, lengths)
+        step = subtask.astype(np.int64)
+        step *= self.channels
+        keys += step
         return keys
 
     def named(self, key: int) -> tuple[int, int, int]:
@@ -583,7 +592,7 @@ class _HeldColumns:
         )
 
     def keys(self, keys: _Keys) -> np.ndarray:
-        return keys.of(self.exchange * keys.subtasks + self.subtask, self.lengths, self.channel)
+        return keys.held(self.exchange, self.subtask, self.lengths, self.channel)
 
 
 def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile], dst: str) -> np.ndarray:
@@ -628,11 +637,8 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     held_file, held_buffers = narrow(held.file, np.int8), narrow(held.buffers, np.int8)
     del held
     routed_exchange = np.array([r.exchange_index for r in routed], dtype=np.int64)
-    wanted_keys = np.repeat(routed_exchange * (keys.subtasks * keys.channels) + routed_channel, counts)
-    step = wanted_subtask.astype(np.int64)
-    step *= keys.channels
-    wanted_keys += step  # + each one's subtask
-    del wanted_subtask, step
+    wanted_keys = keys.routed(routed_exchange, routed_channel, counts, wanted_subtask)
+    del wanted_subtask
     # the metadata lists each subtask's handles in channel order: its keys are then sorted already
     in_order = len(held_keys) < 2 or bool((held_keys[1:] > held_keys[:-1]).all())
     held_order = None if in_order else np.argsort(held_keys, kind="stable")
