@@ -240,17 +240,19 @@ def read_rows(
     offsets = table.offsets[ranges(offset_start[order], ordered_counts)]  # file by file
     offset_bounds = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(ordered_counts, out=offset_bounds[1:])
-    offset_bounds_at = offset_bounds.tolist()
     sizes = np.zeros(last - first, dtype=np.int64)
     blobs: list[tuple[np.ndarray, bytes]] = []
     for a, b in zip(groups[:-1], groups[1:]):
         members = order[a:b]
         location, _, segment, beneath = table.files[int(ordered[a])]
-        source = BufferSource(location, None, segment, offsets[offset_bounds_at[a] : offset_bounds_at[b]], beneath)
-        blob, found, _ = reader.grouped_payloads(source, ordered_counts[a:b], lengths=False)
+        here = offsets[int(offset_bounds[a]) : int(offset_bounds[b])]
+        blob, found, _ = reader.grouped_payloads(
+            BufferSource(location, None, segment, here, beneath), ordered_counts[a:b], lengths=False
+        )
         sizes[members] = found
         blobs.append((members, blob))
-    data = in_order(blobs, sizes)  # back into table order
+    del ordered, ordered_counts, offset_bounds
+    data = in_order(blobs, sizes)  # back into table order (emptying blobs)
     source_bounds = np.zeros(last - first + 1, dtype=np.int64)
     np.cumsum(sizes, out=source_bounds[1:])
     rows = stop - start

@@ -325,16 +325,18 @@ class ChannelStateReader:
 def in_order(blobs: list[tuple[Any, bytes]], sizes: np.ndarray) -> bytes:
     """Payloads read file by file back in the order of their sources: ``blobs`` holds, per file,
     the indexes of its sources (in order) and their payloads one after another; source i has
-    ``sizes[i]`` bytes."""
+    ``sizes[i]`` bytes. ``blobs`` is emptied: the payloads are held twice at most, not three
+    times (at p=4,096 dense an engine task reads 64 MB from 4,096 files)."""
     if len(blobs) == 1 and np.array_equal(blobs[0][0], np.arange(len(sizes))):
-        return blobs[0][1]
-    joined = b"".join(blob for _, blob in blobs)
+        return blobs.pop()[1]
     starts = np.zeros(len(sizes), dtype=np.int64)
     position = 0
     for members, blob in blobs:
         group_sizes = sizes[members]
         starts[members] = position + np.cumsum(group_sizes) - group_sizes
         position += len(blob)
+    joined = b"".join(blob for _, blob in blobs)
+    blobs.clear()
     return _framing.gather(joined, starts, starts + sizes)
 
 
