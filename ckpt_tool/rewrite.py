@@ -25,6 +25,7 @@ from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.channels import narrow, ranges
 from ckpt_tool.engine.tasks import (
     ATTEMPT,
+    ROUTED_DIGEST,
     ReadBackTask,
     RoutedFile,
     check_back,
@@ -33,6 +34,7 @@ from ckpt_tool.engine.tasks import (
     route_batch,
     route_tasks,
     routed_digest,
+    short_digests,
 )
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
@@ -729,9 +731,9 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
             rows = by_file[start : start + len(task.counts)]
             records, digests = _routed_into(routed, routed_starts, paired[rows])
             back = read_back(task)
-            found = np.frombuffer(back.digests, dtype=np.uint8).reshape(len(rows), 16)
+            found = np.frombuffer(short_digests(back.digests), dtype=np.uint8).reshape(len(rows), ROUTED_DIGEST)
             differ = (back.records != records) | (back.trailing != 0)
-            differ |= (found != np.frombuffer(digests, dtype=np.uint8).reshape(len(rows), 16)).any(axis=1)
+            differ |= (found != np.frombuffer(digests, dtype=np.uint8).reshape(len(rows), ROUTED_DIGEST)).any(axis=1)
             for at in np.flatnonzero(differ)[:1].tolist():  # rows of a file are in key order
                 wrong.append((int(held_keys[rows[at]]), int(back.records[at]), int(back.trailing[at]), int(records[at])))
         key, back_records, left, expected = min(wrong)

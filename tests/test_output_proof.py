@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from catalog import fixture_named
-from ckpt_tool.engine.tasks import ReadBackTask, _read_back_one_by_one, _read_back_together
+from ckpt_tool.engine.tasks import ROUTED_DIGEST, ReadBackTask, _read_back_one_by_one, _read_back_together, short_digests
 from ckpt_tool.flink.metadata import merge_channel_handles, merged_columns, merging_gains, write_metadata
 from ckpt_tool.flink.model import INPUT, ChannelColumns, RelativeFileHandle, columns_opened
 from ckpt_tool.planning import plan_rescale
@@ -232,6 +232,16 @@ def test_bytes_referenced_twice_are_refused(staged):
         OutputVerificationError, match=r"ckpt-inflight-\S+: bytes \d+ to \d+ are (referenced twice|not referenced by any handle)"
     ):
         prove(staged)
+
+
+def test_the_driver_keeps_the_first_bytes_of_each_routed_digest(staged):
+    """Each routed channel's digest comes back to the driver as the first ROUTED_DIGEST bytes of
+    the xxh3-128 digest of its records' bytes (the proof compares those of what it reads back)."""
+    _, result, _ = staged
+    routed = [r for r in result.routed if len(r.placed)]
+    assert routed and all(len(r.placed.digests) == ROUTED_DIGEST * len(r.placed) for r in routed)
+    full = bytes(range(32))  # two 16-byte digests
+    assert short_digests(full) == bytes(range(ROUTED_DIGEST)) + bytes(range(16, 16 + ROUTED_DIGEST))
 
 
 def test_a_changed_byte_in_a_written_file_is_refused(staged):
