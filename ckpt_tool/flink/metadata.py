@@ -560,7 +560,10 @@ def _uniform_offsets_totals(data: bytes) -> Optional[tuple[int, int, int, tuple[
             return None
     gates, first = np.unique(channels["gate"], return_index=True)
     in_order = tuple(int(gate) for gate in gates[np.argsort(first)])
-    return count, count * buffers, sum(channels["size"].tolist()), in_order
+    sizes = channels["size"]
+    # summed in int64 where it cannot overflow (sizes are not negative here), else exactly
+    total = int(sizes.sum(dtype=np.int64)) if int(sizes.max(initial=0)) < (1 << 62) // max(count, 1) else sum(sizes.tolist())
+    return count, count * buffers, total, in_order
 
 
 def _unmerge(r: JavaReader) -> None:
