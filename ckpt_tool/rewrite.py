@@ -22,7 +22,7 @@ import numpy as np
 from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.engine import Engine, LocalEngine
-from ckpt_tool.engine.channels import narrow, ranges
+from ckpt_tool.engine.channels import narrow, ranges, runs_in_order
 from ckpt_tool.engine.tasks import (
     ATTEMPT,
     ROUTED_DIGEST,
@@ -421,17 +421,9 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
     offsets = np.concatenate([r.placed.offsets for r in routed])  # each placement's bounds run from 0 to its offsets
     for r in routed:  # where its buffers lie is in the columns from here on
         r.placed = r.placed.figures_only()
-    if len(offsets) == len(buffers) and bool((buffers == 1).all()):  # a buffer per handle (as at high parallelism)
-        offsets = offsets[order].astype(np.int64, copy=False)
-        bounds = np.arange(len(order) + 1, dtype=np.int64)
-    else:
-        first = np.zeros(len(buffers), dtype=np.int64)
-        np.cumsum(buffers[:-1], out=first[1:])
-        buffers = buffers[order].astype(np.int64, copy=False)
-        offsets = offsets[ranges(first[order], buffers)].astype(np.int64, copy=False)
-        bounds = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(buffers, out=bounds[1:])
-        del first
+    offsets = runs_in_order(offsets, buffers, order).astype(np.int64, copy=False)
+    bounds = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(buffers[order], dtype=np.int64, out=bounds[1:])
     del order, buffers
     file, gate, channel = task_file[routed_row], gate_of[routed_row], channel_of[routed_row]
     operator = operator_of[routed_row]
@@ -692,13 +684,7 @@ def verify_output(session: Session, metadata, rescaled, routed: list[RoutedFile]
     offset_pieces = [piece[0] for _, _, piece in _held(metadata, index_of, file_of, offsets_only=True)]
     all_offsets = np.concatenate(offset_pieces) if offset_pieces else np.zeros(0, dtype=np.int64)
     del offset_pieces
-    if len(all_offsets) == len(by_file) and bool((buffers == 1).all()):  # a buffer per handle
-        flat = all_offsets[by_file]
-    else:
-        first_buffer = np.zeros(len(held_buffers), dtype=np.int64)
-        np.cumsum(held_buffers[:-1], dtype=np.int64, out=first_buffer[1:])
-        flat = all_offsets[ranges(first_buffer[by_file], buffers.astype(np.int64))]
-        del first_buffer
+    flat = runs_in_order(all_offsets, held_buffers, by_file)
     del all_offsets, held_buffers
     file_starts = np.flatnonzero(np.diff(held_file[by_file], prepend=-1)) if len(by_file) else by_file
     file_stops = np.append(file_starts[1:], len(by_file))

@@ -270,6 +270,18 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
+def runs_in_order(values: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``values`` held in runs one after another (run i: the next ``lengths[i]`` of them), the runs
+    taken in ``order``: run ``order[0]``'s values first, then run ``order[1]``'s, and so on. Where
+    every run holds one value (a buffer per channel, as at high parallelism), one gather instead of
+    the ranges of all the runs and their temporaries."""
+    if bool((lengths == 1).all()):
+        return values[order]
+    first = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], dtype=np.int64, out=first[1:])
+    return values[ranges(first[order], lengths[order].astype(np.int64))]
+
+
 class _Sources:
     """Source rows of the channels being built, gathered as pieces of arrays (one piece per merged
     handle read with NumPy, one per run of handles read one by one), joined once at the end. A row
@@ -403,13 +415,7 @@ def channel_tasks(
     # p² channels: at p=4,096 each column of 16.8 million rows is 134 MB as int64)
     offsets = rows.pop("offsets")
     if order is not None:  # in the sources' order
-        if bool((rows["count"] == 1).all()):  # a buffer per source (as at high parallelism)
-            offsets = offsets[order]
-        else:
-            gathered_start = np.zeros(len(order), dtype=np.int64)
-            np.cumsum(rows["count"][:-1], out=gathered_start[1:])
-            offsets = offsets[ranges(gathered_start[order], rows["count"][order])]
-            del gathered_start
+        offsets = runs_in_order(offsets, rows["count"], order)
         for name in ("count", "size", "file"):
             rows[name] = rows[name][order]
         del order

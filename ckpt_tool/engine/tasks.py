@@ -709,8 +709,8 @@ class ReadBackTask:
 class ReadBack:
     """A written file read back through its handles (in the task's order): each handle's records,
     their xxh3-128 digest (16 bytes each, one after another) and the bytes of a cut record at its
-    end (narrowed: the driver gathers a row per handle, millions); ``problem`` says which bytes of
-    the file no handle, or two, reference."""
+    end (narrowed); ``problem`` says which bytes of the file no handle, or two, reference. Compared
+    where it is read (``check_back``); the driver reads one only to name a handle that differs."""
 
     name: str
     problem: Optional[str]
