@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
+import numpy as np
 import pytest
 
 from ckpt_tool.errors import CheckpointFormatError
@@ -64,6 +68,42 @@ def test_round_trip_is_byte_identical(fixture):
     # as the writer writes it: in pieces cut where a subtask ends, once they hold 1000 bytes
     chunks = metadata_chunks(read_metadata(data), 1000)
     assert b"".join(chunks) == data and all(len(chunk) >= 1000 for chunk in chunks[:-1])
+
+
+def _reachable(value, found: dict[int, object]) -> dict[int, object]:
+    """Every object reachable from ``value`` through dataclass fields, lists, tuples and dicts, by id."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in found or isinstance(item, (int, float, str, bytes, type(None))):
+            continue
+        found[id(item)] = item
+        if dataclasses.is_dataclass(item):
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
+
+
+def test_a_copy_of_the_metadata_is_a_deep_copy_with_the_sharing_of_the_original(fixture):
+    """A rewrite changes a copy of the source's metadata (``FieldCopy``, field by field): it equals
+    the original and writes its bytes, holds no mutable object of the original, and where the
+    original refers to one object twice (the channels of one file, one delegate), so does the copy."""
+    data = fixture.metadata_file.read_bytes()
+    original = read_metadata(data)
+    copied = copy.deepcopy(original)
+    assert copied == original and write_metadata(copied) == data
+    theirs = _reachable(original, {})
+    ours = _reachable(copied, {})
+    shared = [item for key, item in ours.items() if key in theirs and not isinstance(item, tuple)]
+    assert shared == []  # a tuple is shared only where it holds atomic values, as deepcopy shares it
+    assert all(not isinstance(item, (list, dict, np.ndarray)) for item in ours.values() if id(item) in theirs)
+    # the same number of distinct objects: the original's sharing is kept
+    assert len([i for i in ours.values() if not isinstance(i, tuple)]) == len(
+        [i for i in theirs.values() if not isinstance(i, tuple)]
+    )
 
 
 def test_channel_state_read_from_files_matches_flink(fixture):

@@ -6,18 +6,58 @@ Names follow Flink's classes (``org.apache.flink.runtime.state``) where that hel
 
 from __future__ import annotations
 
+import copy
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional, Union
 
 import numpy as np
+
+# --- copying ------------------------------------------------------------------------------------
+
+# values ``copy.deepcopy`` gives back as they are (a tuple only where its items are of these)
+_ATOMIC = frozenset((int, float, bool, str, bytes, type(None)))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _copied(value, memo: dict):
+    """``copy.deepcopy(value, memo)``, without its generic path for the values handles hold most:
+    atomic values and tuples of them as they are, a list of them by a shallow copy."""
+    kind = type(value)
+    if kind in _ATOMIC or (kind is tuple and all(type(item) in _ATOMIC for item in value)):
+        return value
+    if kind is list and id(value) not in memo and all(type(item) in _ATOMIC for item in value):
+        new = memo[id(value)] = value.copy()
+        copy._keep_alive(value, memo)  # type: ignore[attr-defined]  # as deepcopy keeps what its memo names
+        return new
+    return copy.deepcopy(value, memo)
+
+
+class FieldCopy:
+    """``copy.deepcopy`` field by field, the same copy as the generic one at a third of its cost:
+    a rewrite copies the source's metadata, a subtask state and its handles per subtask (20,480
+    subtask states at p=4,096)."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict):
+        kind = type(self)
+        names = _FIELD_NAMES.get(kind)
+        if names is None:
+            names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind))  # type: ignore[arg-type]
+        new = object.__new__(kind)
+        memo[id(self)] = new
+        for name in names:
+            object.__setattr__(new, name, _copied(getattr(self, name), memo))
+        return new
+
 
 # --- stream state handles (where bytes live) -------------------------------------------------
 
 
 @dataclass
-class ByteStreamHandle:
+class ByteStreamHandle(FieldCopy):
     """``ByteStreamStateHandle``: state small enough to be stored inline in ``_metadata``."""
 
     name: str
@@ -29,7 +69,7 @@ class ByteStreamHandle:
 
 
 @dataclass
-class FileHandle:
+class FileHandle(FieldCopy):
     """``FileStateHandle``: a whole file, by absolute path as Flink wrote it."""
 
     path: str
@@ -37,7 +77,7 @@ class FileHandle:
 
 
 @dataclass
-class RelativeFileHandle:
+class RelativeFileHandle(FieldCopy):
     """``RelativeFileStateHandle``: a file relative to the checkpoint's own directory."""
 
     relative_path: str
@@ -66,7 +106,7 @@ class EmptySegmentFileHandle:
 
 
 @dataclass
-class KeyGroupsHandle:
+class KeyGroupsHandle(FieldCopy):
     """``KeyGroupsStateHandle`` (hashmap backend): one offset per key group into ``delegate``.
 
     ``tag`` is the type byte Flink wrote: 3 (old, no id), 12 (with ``handle_id``) or 7 (savepoint).
@@ -177,7 +217,7 @@ DISTRIBUTION_MODES = ("SPLIT_DISTRIBUTE", "UNION", "BROADCAST")
 
 
 @dataclass
-class OperatorStateInfo:
+class OperatorStateInfo(FieldCopy):
     """One named operator state inside an operator-state handle."""
 
     name: str
@@ -190,7 +230,7 @@ class OperatorStateInfo:
 
 
 @dataclass
-class OperatorStateHandle:
+class OperatorStateHandle(FieldCopy):
     """``OperatorStreamStateHandle`` (tag 4) or its file-merging variant (tag 17)."""
 
     tag: int
@@ -209,7 +249,7 @@ OUTPUT = "output"
 
 
 @dataclass(slots=True)
-class ChannelStateHandle:
+class ChannelStateHandle(FieldCopy):
     """``InputChannelStateHandle`` or ``ResultSubpartitionStateHandle``.
 
     ``info`` is (gate, channel) for input and (partition, subpartition) for output; ``offsets``
@@ -255,7 +295,7 @@ SHARED_INFOS = 1 << 16
 
 
 @dataclass(slots=True)
-class MergedChannelStateHandle:
+class MergedChannelStateHandle(FieldCopy):
     """Metadata v6's merged handle: all channels of one subtask that share one delegate.
 
     ``serialized_offsets`` is Flink's ``serializedChannelOffsets``, kept verbatim (the reader
@@ -545,7 +585,7 @@ def decode_merged_offsets(
 
 
 @dataclass
-class SubtaskState:
+class SubtaskState(FieldCopy):
     """One subtask's state; ``finished`` subtasks (FLIP-147) carry nothing else."""
 
     index: int
@@ -586,7 +626,7 @@ class SubtaskState:
 
 
 @dataclass
-class OperatorState:
+class OperatorState(FieldCopy):
     operator_id: bytes  # 16 bytes: Flink's OperatorID (lower long, upper long)
     parallelism: int
     max_parallelism: int
