@@ -17,6 +17,7 @@ import click
 from ckpt_tool.cli.output import output_for, progress_bar
 from ckpt_tool.engine import ENGINES, LOCAL_LIMIT_BYTES
 from ckpt_tool.errors import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_UNUSABLE_INPUT, CkptError
+from ckpt_tool.memory import keep_heap_top
 from ckpt_tool.text import LINE_LIMIT, one_line, printable
 
 # gc thresholds while a command runs (Python's default: 700, 10, 10)
@@ -402,6 +403,7 @@ def list_command(job_dir, as_json) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in args or "--verbose" in args
+    keep_heap_top()  # one command per process: freed memory is reused, not mapped and zeroed again
     try:
         cli.main(args=args, prog_name="ckpt", standalone_mode=False)
     except CkptError as exc:
