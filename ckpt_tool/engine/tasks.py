@@ -51,6 +51,7 @@ from ckpt_tool.flink.channel_state import (
     small_channels_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.memory import reuse_memory
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.framing import framing as _framing
@@ -109,7 +110,7 @@ def scan_channel(
     task: ChannelTask, exchange: Exchange, suspects: frozenset = frozenset(), reader: Optional[ChannelStateReader] = None
 ) -> ChannelScan:
     """Figures of one logical channel: buffers, elements by kind and, when keyed, key groups."""
-    _framing.reuse_memory()
+    reuse_memory()
     if reader is None:
         with ChannelStateReader() as own:
             records = read_channel(own, task)
@@ -160,7 +161,7 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
     that does not fit its type), the channels are scanned one by one, which raises the error that
     names the channel and the element. A table of channels in local files is read from its columns
     (no object per channel); other channels through their tasks."""
-    _framing.reuse_memory()
+    reuse_memory()
     if isinstance(tasks, ChannelTable) and _all_local(tasks):
         return _scan_table(tasks, exchanges)
     parts = []
@@ -595,7 +596,7 @@ def route_task(
     hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
     copies or names the channel and the record that does not fit. ``framed``: the task's channels
     already read (``route_batch``)."""
-    _framing.reuse_memory()
+    reuse_memory()
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
     digests: dict[int, Any] = {}  # xxh3-128 digests in progress, by target

@@ -15,9 +15,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
@@ -460,20 +457,7 @@ done:
     return result;
 }
 
-/* reuse_memory(): keep channel-sized blocks (up to 32 MiB) on the heap and freed memory in the
- * process, instead of a fresh mmap per block. Fresh pages cost a page fault each, which on a
- * small VM made first touches of memory slower than the rest of the record path (glibc only). */
-static PyObject *reuse_memory(PyObject *self, PyObject *unused) {
-#ifdef __GLIBC__
-    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
-    mallopt(M_TOP_PAD, 64 * 1024 * 1024);
-#endif
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"reuse_memory", reuse_memory, METH_NOARGS, "Keep freed memory for reuse (glibc's mallopt)."},
     {"payloads", payloads, METH_VARARGS, "The payloads of the buffers at the offsets, concatenated."},
     {"payloads_many", payloads_many, METH_VARARGS, "payloads() of several handles of one file: their payloads and sizes."},
     {"lengths", lengths, METH_VARARGS, "The payload lengths of the buffers at the offsets (int64s)."},

@@ -197,7 +197,3 @@ def int_rows(parts: tuple[bytes, ...], values: Any, separator: bytes) -> bytes:
         raise ValueError("values are not rows of len(parts) - 1 int64s")
     template = b"%d".join(part.replace(b"%", b"%%") for part in parts)
     return bytes(separator).join([template % tuple(row) for row in flat.reshape(-1, k).tolist()])
-
-
-def reuse_memory() -> None:
-    """glibc's mallopt tuning of the C module; nothing to do here."""
