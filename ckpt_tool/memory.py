@@ -1,4 +1,4 @@
-"""Giving freed memory back to the operating system.
+"""The C heap: freed memory given back to the operating system, or kept for reuse.
 
 NumPy's arrays of a few KiB to a few MiB come from the C heap, and glibc keeps what is freed
 there for reuse. After building columns of p² channels from many small pieces, hundreds of MB
