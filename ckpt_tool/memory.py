@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from typing import Any, Optional
 
 # glibc's mallopt parameters (malloc.h)
@@ -43,18 +44,29 @@ def _libc() -> Optional[Any]:
         return None
 
 
+# (process, kept, pad) as ``keep_heap_top`` last set them: an engine task asks at every channel
+# it scans one by one, and a forked worker sets its own once
+_kept_as: Optional[tuple[int, int, int]] = None
+
+
 def keep_heap_top(kept: int = HEAP_TOP_KEPT, pad: int = 0) -> None:
     """Keep up to ``kept`` bytes of free memory at the top of the C heap instead of returning them
     at every free (growing it by at least ``pad`` at a time where not 0), with allocations below
     MAPPED_FROM taken from the heap (as glibc comes to on its own once a large block is freed;
     fixing the one threshold stops that adjustment, so both are set). ``release_memory`` still
-    gives everything back where a command asks. A no-op where the C library is not glibc."""
+    gives everything back where a command asks. A no-op where the C library is not glibc, and
+    where this process has them set so already."""
+    global _kept_as
+    wanted = (os.getpid(), kept, pad)
+    if _kept_as == wanted:
+        return
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MAPPED_FROM)
         mallopt(M_TRIM_THRESHOLD, kept)
         if pad:
             mallopt(M_TOP_PAD, pad)
+    _kept_as = wanted
 
 
 def reuse_memory() -> None:
