@@ -63,8 +63,8 @@ def timed(command: list[str]) -> dict:
     """Wall and CPU seconds and peak RSS and PSS (MiB, with every process it started: RSS counts a
     page a forked worker shares with its parent in both, PSS shares it out) of ``command``, run
     with at most OPEN_FILES open files. Each starts with no dirty pages to write (as bench/run.py's):
-    at p=4,096 dense the generator's 1.6 GB, written just before, were still being flushed while
-    ``inspect --json`` ran and doubled its time (10.0 s CPU against 4.0 s by hand)."""
+    none pays for flushing what the generator (1.6 GB at p=4,096 dense, just before the first
+    command) or the command before it wrote."""
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
