@@ -60,11 +60,14 @@ def _limit_open_files() -> None:
 
 
 def timed(command: list[str]) -> dict:
-    """Wall and CPU seconds and peak RSS and PSS (MiB, with every process it started: RSS counts a
-    page a forked worker shares with its parent in both, PSS shares it out) of ``command``, run
-    with at most OPEN_FILES open files. Each starts with no dirty pages to write (as bench/run.py's):
-    none pays for flushing what the generator (1.6 GB at p=4,096 dense, just before the first
-    command) or the command before it wrote."""
+    """Wall and CPU seconds, the system's part of the CPU seconds (the kernel's work for the
+    command: among it, taking the command's output into a file's pages, 2.3 GB for ``inspect
+    --json`` at p=4,096 dense, which varied from 1.5 to 4 s in runs one after another), and peak
+    RSS and PSS (MiB, with every process it started: RSS counts a page a forked worker shares with
+    its parent in both, PSS shares it out) of ``command``, run with at most OPEN_FILES open files.
+    Each starts with no dirty pages to write (as bench/run.py's): none pays for flushing what the
+    generator (1.6 GB at p=4,096 dense, just before the first command) or the command before it
+    wrote."""
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -83,8 +86,8 @@ def timed(command: list[str]) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if process.returncode not in (0, 1):  # verify exits 1 when it finds problems
         raise RuntimeError(f"{' '.join(command)} failed with exit code {process.returncode}: {error[-1000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": peak, "pss_mb": peak_pss}
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return {"wall_s": wall, "cpu_s": user + system, "sys_s": system, "rss_mb": peak, "pss_mb": peak_pss}
 
 
 def metadata_read_seconds(checkpoint: Path) -> float:
@@ -226,7 +229,7 @@ def main() -> int:
                     same_bytes = row["bytes"]
                 rows.append(row)
                 runs = " ".join(
-                    f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu "
+                    f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu/{r['sys_s']:.2f}sys "
                     f"rss={r['rss_mb']} pss={r['pss_mb']}"
                     for name, r in row["runs"].items()
                 )

@@ -67,3 +67,47 @@ def test_blocks_read_together_and_scanned_apart_give_the_same_figures(fixture, m
 
     monkeypatch.setattr(tasks, "read_rows", unreadable)
     assert scan(fixture, LocalEngine()) == expected
+
+
+def test_channels_are_listed_by_upstream_then_downstream_however_they_were_scanned(monkeypatch):
+    """A scan returns an exchange's channels by downstream subtask; ``figures`` lists them by
+    (upstream, downstream): a full grid transposed tile by tile (tiles smaller than the grid here,
+    with ragged edges), other rows sorted, rows already in order kept. A broadcast zero stays one,
+    and only the channels with a problem are put in order for ``verify``."""
+    import numpy as np
+
+    from ckpt_tool import exchanges
+    from ckpt_tool.exchanges import ExchangeScan, channel_order
+    from ckpt_tool.records.scan import FIGURES, ScanColumns
+    from ckpt_tool.records.schema import Exchange
+
+    monkeypatch.setattr(exchanges, "TILE", 7)
+    rng = np.random.default_rng(5)
+
+    def scanned(pairs: list[tuple[int, int]]) -> ScanColumns:
+        n = len(pairs)
+        columns = {name: rng.integers(0, 1000, n).astype(np.int32) for name in FIGURES}
+        columns["exchange_index"] = np.zeros(n, dtype=np.int32)
+        columns["upstream_subtask"] = np.array([u for u, _ in pairs], dtype=np.int32)
+        columns["downstream_subtask"] = np.array([d for _, d in pairs], dtype=np.int32)
+        columns["watermarks"] = np.broadcast_to(np.zeros(1, dtype=np.int32), (n,))
+        columns["trailing_bytes"] = np.where(rng.random(n) < 0.1, 3, 0).astype(np.int32)
+        return ScanColumns(columns)
+
+    grid = [(u, d) for d in range(23) for u in range(2, 33)]  # by (d, u), 23 x 31
+    sparse = [(u, d) for u, d in grid if (u * 7 + d) % 10 == 0]
+    ordered = sorted(grid)
+    for pairs in (grid, sparse, ordered, grid[:1], []):
+        scan = scanned(pairs)
+        result = channel_order(scan)
+        order = np.lexsort((scan.columns["downstream_subtask"], scan.columns["upstream_subtask"]))
+        for name in FIGURES:
+            assert result.columns[name].tolist() == scan.columns[name][order].tolist(), name
+        assert result.columns["watermarks"].strides == (0,)
+        exchange = ExchangeScan(Exchange("a" * 32, "b" * 32), scan, 0, [])
+        assert [c.trailing_bytes for c in exchange.channels] == result.columns["trailing_bytes"].tolist()
+        problems = [(c.upstream_subtask, c.downstream_subtask) for c in exchange.channels_with_problems()]
+        assert problems == [(c.upstream_subtask, c.downstream_subtask) for c in exchange.channels if c.trailing_bytes]
+        assert exchange.total("records") == int(scan.columns["records"].sum())
+    assert exchanges._grid(scanned(grid).columns["upstream_subtask"], scanned(grid).columns["downstream_subtask"]) == (23, 31)
+    assert exchanges._grid(scanned(sparse).columns["upstream_subtask"], scanned(sparse).columns["downstream_subtask"]) is None

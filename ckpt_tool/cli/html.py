@@ -48,7 +48,7 @@ def _figures(report: InspectReport) -> list:
     labels = {o.id: o.label for o in report.operators}
     if report.exchanges is not None:
         for scan in report.exchanges:
-            if len(scan.figures):
+            if len(scan.scanned):
                 figures.append(_exchange_heatmap(scan, labels))
                 if scan.keyed:
                     figures.append(_key_group_histogram(scan, labels))
@@ -104,7 +104,7 @@ def _heatmap(title: str, x: np.ndarray, y: np.ndarray, values: np.ndarray, x_tit
 
 def _exchange_heatmap(scan: ExchangeScan, labels: dict[str, str]):
     exchange = scan.exchange
-    columns = scan.figures.columns
+    columns = scan.scanned.columns  # summed by (downstream, upstream): in any order
     name = f"{labels.get(exchange.upstream_id or '', '?')} → {labels.get(exchange.downstream_id, '?')}"
     title = f"In-flight bytes, exchange {name} (gate {exchange.gate}, {scan.partitioner or '?'})"
     return _heatmap(

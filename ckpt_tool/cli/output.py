@@ -348,7 +348,7 @@ class RichOutput(Output):
         if scan.problem:
             self._line(f"{title}: ", Text("not readable", style="red"), f": {scan.problem}")
             return
-        count = len(scan.figures)
+        count = len(scan.scanned)
         if not count:
             self._line(f"{title}: no in-flight data")
             return

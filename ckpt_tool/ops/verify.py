@@ -386,8 +386,7 @@ def check_records(session: Session, usable: bool) -> list[CheckResult]:
         exchange = scan.exchange
         label = metadata.exchange_label(exchange.upstream_id, exchange.downstream_id)
         downstream = metadata.label(exchange.downstream_id)
-        flagged = (scan.column("trailing_bytes") > 0) | ((scan.column("misplaced_records") > 0) if scan.keyed else False)
-        for ch in scan.figures.select(np.flatnonzero(flagged)).scans():  # only the channels with a problem
+        for ch in scan.channels_with_problems():
             channel = f"{ch.upstream_subtask} -> {ch.downstream_subtask}"
             if ch.trailing_bytes:
                 framing.problems.append(
