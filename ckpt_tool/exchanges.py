@@ -260,10 +260,11 @@ def channel_order(scanned: ScanColumns) -> ScanColumns:
 def _grid(upstream: np.ndarray, downstream: np.ndarray) -> Optional[tuple[int, int]]:
     """(downstream subtasks, upstream subtasks) where the rows are a full grid by (downstream,
     upstream): blocks of one downstream subtask each, in increasing order, each with the same
-    upstream subtasks in increasing order; else None."""
+    upstream subtasks in increasing order; else None. (Where the rows are not by downstream
+    subtask, ``cols`` is whatever the search finds, and the checks refuse it.)"""
     rows = len(downstream)
-    cols = int(np.searchsorted(downstream, downstream[0], side="right")) if downstream[-1] >= downstream[0] else 0
-    if cols < 2 or rows % cols or rows == cols:
+    cols = int(np.searchsorted(downstream, downstream[0], side="right"))
+    if cols < 2 or rows % cols:
         return None
     first = upstream[:cols]
     by_row = downstream.reshape(-1, cols)

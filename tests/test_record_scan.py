@@ -97,7 +97,8 @@ def test_channels_are_listed_by_upstream_then_downstream_however_they_were_scann
     grid = [(u, d) for d in range(23) for u in range(2, 33)]  # by (d, u), 23 x 31
     sparse = [(u, d) for u, d in grid if (u * 7 + d) % 10 == 0]
     ordered = sorted(grid)
-    for pairs in (grid, sparse, ordered, grid[:1], []):
+    shuffled = [grid[i] for i in rng.permutation(len(grid))]  # not by downstream subtask: sorted
+    for pairs in (grid, sparse, ordered, shuffled, grid[:1], []):
         scan = scanned(pairs)
         result = channel_order(scan)
         order = np.lexsort((scan.columns["downstream_subtask"], scan.columns["upstream_subtask"]))
@@ -111,3 +112,5 @@ def test_channels_are_listed_by_upstream_then_downstream_however_they_were_scann
         assert exchange.total("records") == int(scan.columns["records"].sum())
     assert exchanges._grid(scanned(grid).columns["upstream_subtask"], scanned(grid).columns["downstream_subtask"]) == (23, 31)
     assert exchanges._grid(scanned(sparse).columns["upstream_subtask"], scanned(sparse).columns["downstream_subtask"]) is None
+    shuffled_scan = scanned(shuffled)
+    assert exchanges._grid(shuffled_scan.columns["upstream_subtask"], shuffled_scan.columns["downstream_subtask"]) is None
