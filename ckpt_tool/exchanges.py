@@ -213,13 +213,10 @@ def scan_exchanges(
     duplicates: Counter = Counter()
     for (exchange_index, _, _), subtasks in holders.items():
         duplicates[exchange_index] += len(subtasks) - 1
-    columns = scans.columns
-    exchange_index = columns["exchange_index"]
+    exchange_index = scans.columns["exchange_index"]
     if len(exchange_index) > 1 and not bool((exchange_index[1:] >= exchange_index[:-1]).all()):
-        order = np.argsort(exchange_index, kind="stable")  # the tasks' table has them exchange by exchange
-        for name, column in columns.items():
-            columns[name] = column[order] if column.strides[0] else column  # a broadcast zero stays one
-    bounds = np.searchsorted(columns["exchange_index"], np.arange(len(exchanges) + 1))
+        scans = scans.select(np.argsort(exchange_index, kind="stable"))  # the tasks' table has them exchange by exchange
+    bounds = np.searchsorted(scans.columns["exchange_index"], np.arange(len(exchanges) + 1))
     return [
         ExchangeScan(
             exchange,
@@ -248,12 +245,10 @@ def channel_order(scanned: ScanColumns) -> ScanColumns:
     if bool((key[1:] >= key[:-1]).all()):
         return scanned
     grid = _grid(upstream, downstream)
-    if grid is not None:
-        rows, cols = grid
-        ordered = {name: _transposed(c, rows, cols) if c.strides[0] else c for name, c in columns.items()}
-    else:
-        order = np.argsort(key, kind="stable")
-        ordered = {name: c[order] if c.strides[0] else c for name, c in columns.items()}
+    if grid is None:
+        return scanned.select(np.argsort(key, kind="stable"))
+    rows, cols = grid
+    ordered = {name: _transposed(c, rows, cols) if c.strides[0] else c for name, c in columns.items()}
     return ScanColumns(ordered, scanned.histograms, scanned.holdings)
 
 

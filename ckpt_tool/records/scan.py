@@ -218,9 +218,16 @@ class ScanColumns:
         return {(key >> 32, (key >> 16) & 0xFFFF, key & 0xFFFF) for key in keys}
 
     def select(self, rows: np.ndarray | slice) -> ScanColumns:
-        """The channels at ``rows`` (indexes, a mask, or a slice: then views of the columns);
-        histograms and holdings stay whole."""
-        columns = {name: column[rows] for name, column in self.columns.items()}
+        """The channels at ``rows`` (indexes, in their order, or a mask; or a slice: then views of
+        the columns), a broadcast zero staying one; histograms and holdings stay whole."""
+        if isinstance(rows, slice):  # a slice of a broadcast zero is one
+            columns = {name: column[rows] for name, column in self.columns.items()}
+        else:
+            count = int(np.count_nonzero(rows)) if rows.dtype == bool else len(rows)
+            columns = {
+                name: column[rows] if column.strides[0] else np.broadcast_to(column[:1], (count,))
+                for name, column in self.columns.items()
+            }
         return ScanColumns(columns, self.histograms, self.holdings)
 
     def scans(self) -> list[ChannelScan]:
