@@ -10,7 +10,10 @@ p=16 the same 1.6 GB lie in 256 channels). Then, each under ``ulimit -n 1024``:
 ``ckpt repair`` (every channel written back), each with ``--json`` (which lists every channel: p²
 rows), and ``ckpt inspect`` as it prints in a terminal (``inspect text``, a row per subtask past a
 thousand channels), ``ckpt schema --plan`` and ``ckpt list --json`` of the job directory, with wall
-and CPU seconds (this process's children: the command and its workers) and peak RSS.
+and CPU seconds (this process's children: the command and its workers), the bytes each prints
+(read through a pipe, as a consumer such as ``jq`` reads them) and peak RSS. Beside them, the
+system's own copy of the checkpoint (``cp -r``, timed the same way): the floor of a command that
+writes every byte again, and how the machine's file costs alone grow with the number of files.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
 best of 3, same run), at the largest parallelism; the loader also reads every rescaled and repaired output, and
@@ -38,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -61,18 +65,30 @@ def _limit_open_files() -> None:
 
 def timed(command: list[str]) -> dict:
     """Wall and CPU seconds, the system's part of the CPU seconds (the kernel's work for the
-    command: among it, taking the command's output into a file's pages, 2.3 GB for ``inspect
-    --json`` at p=4,096 dense, which varied from 1.5 to 4 s in runs one after another), and peak
-    RSS and PSS (MiB, with every process it started: RSS counts a page a forked worker shares with
-    its parent in both, PSS shares it out) of ``command``, run with at most OPEN_FILES open files.
+    command), the bytes of its standard output (MB) and peak RSS and PSS (MiB, with every process
+    it started: RSS counts a page a forked worker shares with its parent in both, PSS shares it
+    out) of ``command``, run with at most OPEN_FILES open files.
+
+    The output goes through a pipe to a reader here, as ``ckpt inspect --json | jq`` sends it, not
+    into a file: on this project's VM the kernel's taking of 2.2 GB into the pages of a new file
+    cost 6 to 7 s of system time by ``dd`` (1.2 s into tmpfs, 2.4 to 3 s through a pipe), and that
+    was charged to the command (``inspect --json`` at p=4,096 dense writes 2.3 GB).
     Each starts with no dirty pages to write (as bench/run.py's): none pays for flushing what the
     generator (1.6 GB at p=4,096 dense, just before the first command) or the command before it
     wrote."""
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    with tempfile.TemporaryFile() as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.PIPE, preexec_fn=_limit_open_files)
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, preexec_fn=_limit_open_files)
+        written = [0]
+
+        def read_output() -> None:
+            while chunk := process.stdout.read1(1 << 20):
+                written[0] += len(chunk)
+
+        reader = threading.Thread(target=read_output, daemon=True)
+        reader.start()
         peak = peak_pss = 0
         while process.poll() is None:
             peak = max(peak, tree_rss_mb(process.pid))
@@ -81,13 +97,16 @@ def timed(command: list[str]) -> dict:
             # a driver and two workers of 2 GB each walks their page tables (about 80 ms at p=4,096
             # dense), and sampled every 50 ms it took most of a core of the two beside the command
             time.sleep(0.05 if time.perf_counter() - start < 2 else 0.5)
+        reader.join()
         wall = time.perf_counter() - start
-        error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        process.stdout.close()
+        errors.seek(0)
+        error = errors.read().decode(errors="replace")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if process.returncode not in (0, 1):  # verify exits 1 when it finds problems
         raise RuntimeError(f"{' '.join(command)} failed with exit code {process.returncode}: {error[-1000:]}")
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-    return {"wall_s": wall, "cpu_s": user + system, "sys_s": system, "rss_mb": peak, "pss_mb": peak_pss}
+    return {"wall_s": wall, "cpu_s": user + system, "sys_s": system, "rss_mb": peak, "pss_mb": peak_pss, "out_mb": written[0] / 1e6}
 
 
 def metadata_read_seconds(checkpoint: Path) -> float:
@@ -153,6 +172,11 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
     inputs = ["--plan", str(base / "plan.json"), "--schema", str(SCHEMA)]
     target = source.parent.parent / "out" / "job" / "chk-3"
     repaired = source.parent.parent / "repaired" / "job" / "chk-3"
+    # the floor of a command that writes every byte again (rescale, repair): the system's own copy
+    # of the checkpoint, timed as the commands are
+    copied = source.parent.parent / "copy"
+    row_copy = timed(["cp", "-r", str(source.parent), str(copied)])
+    shutil.rmtree(copied, ignore_errors=True)
     runs = {
         "inspect": timed([CKPT, "inspect", str(source), "--json"]),
         "inspect --schema": timed([CKPT, "inspect", str(source), "--json", *inputs]),
@@ -169,6 +193,7 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
         "bytes": info["channel_state_bytes"],
         "metadata_mb": (source / "_metadata").stat().st_size / 1e6,
         "generate_s": generated_s,
+        "copy": row_copy,
         "runs": runs,
     }
     flink_load_seconds(target)  # Flink's own loader accepts the rescaled output (it raises otherwise)
@@ -230,9 +255,11 @@ def main() -> int:
                 rows.append(row)
                 runs = " ".join(
                     f"{name.replace(' --', '_').replace(' ', '_')}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu/{r['sys_s']:.2f}sys "
-                    f"rss={r['rss_mb']} pss={r['pss_mb']}"
+                    f"rss={r['rss_mb']} pss={r['pss_mb']} out_mb={r['out_mb']:.2f}"
                     for name, r in row["runs"].items()
                 )
+                copy = row["copy"]
+                runs = f"copy_s={copy['wall_s']:.2f}/{copy['cpu_s']:.2f}cpu/{copy['sys_s']:.2f}sys {runs}"
                 spark = f" spark_rescale_s={row['spark']['wall_s']:.2f}" if "spark" in row else ""
                 print(
                     f"p={parallelism} channels={channels} bytes={row['bytes']} metadata_mb={row['metadata_mb']:.1f} "
@@ -250,9 +277,11 @@ def main() -> int:
         low, high = min(mine, key=lambda r: r["parallelism"]), max(mine, key=lambda r: r["parallelism"])
         for name in COMMANDS:
             ratios[f"{channels}:{name}"] = high["runs"][name]["cpu_s"] / max(low["runs"][name]["cpu_s"], 1e-9)
+        copy = high["copy"]["cpu_s"] / max(low["copy"]["cpu_s"], 1e-9)  # the floor's own ratio, not a command's
         print(
             f"channels={channels} p{high['parallelism']}/p{low['parallelism']} (cpu) "
-            + " ".join(f"{name.replace(' --', '_').replace(' ', '_')}={ratios[f'{channels}:{name}']:.1f}" for name in COMMANDS),
+            + " ".join(f"{name.replace(' --', '_').replace(' ', '_')}={ratios[f'{channels}:{name}']:.1f}" for name in COMMANDS)
+            + f" (copy={copy:.1f})",
             flush=True,
         )
     largest = max(rows, key=lambda r: (r["parallelism"], r["metadata_mb"]))

@@ -134,3 +134,17 @@ def test_records_of_many_channels_are_written_in_few_row_groups(tmp_path):
     for exchange in set(exchanges):
         order = [(r["upstream_subtask"], r["downstream_subtask"], r["element_index"]) for r in rows if r["exchange"] == exchange]
         assert order == sorted(set(order))  # by (upstream, downstream), each record once
+
+
+def test_the_scale_bench_reads_a_commands_output_through_a_pipe_and_counts_it():
+    """bench/scale.py's ``timed`` counts what a command prints, read as a consumer reads it (not
+    taken into a file's pages, which on a small VM cost more than the command), and a command that
+    also writes much to stderr does not stall on a full pipe."""
+    from scale import timed
+
+    printing = "import sys; sys.stdout.write('x' * 5_000_000); sys.stderr.write('e' * 300_000)"
+    result = timed([sys.executable, "-c", printing])
+    assert result["out_mb"] == 5.0
+    assert result["cpu_s"] >= result["sys_s"] >= 0 and result["wall_s"] > 0
+    with pytest.raises(RuntimeError, match="exit code 3: e+$"):
+        timed([sys.executable, "-c", "import sys; sys.stderr.write('e' * 10); sys.exit(3)"])
