@@ -13,7 +13,7 @@ thousand channels), ``ckpt schema --plan`` and ``ckpt list --json`` of the job d
 and CPU seconds (this process's children: the command and its workers), the bytes each prints
 (read through a pipe, as a consumer such as ``jq`` reads them) and peak RSS. Beside them, the
 system's own copy of the checkpoint (``cp -r``, timed the same way): the floor of a command that
-writes every byte again, and how the machine's file costs alone grow with the number of files.
+writes every byte again, and what the machine's own file costs do at the same bytes.
 ``metadata_vs_flink``: ckpt's metadata read (file bytes to parsed metadata, best of 3) over Flink's
 own ``Checkpoints.loadCheckpointMetadata`` on the same ``_metadata`` (fixtures/java/LoadMetadataTimer.java,
 best of 3, same run), at the largest parallelism; the loader also reads every rescaled and repaired output, and
@@ -106,7 +106,14 @@ def timed(command: list[str]) -> dict:
     if process.returncode not in (0, 1):  # verify exits 1 when it finds problems
         raise RuntimeError(f"{' '.join(command)} failed with exit code {process.returncode}: {error[-1000:]}")
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-    return {"wall_s": wall, "cpu_s": user + system, "sys_s": system, "rss_mb": peak, "pss_mb": peak_pss, "out_mb": written[0] / 1e6}
+    return {
+        "wall_s": wall,
+        "cpu_s": user + system,
+        "sys_s": system,
+        "rss_mb": peak,
+        "pss_mb": peak_pss,
+        "out_mb": written[0] / 1e6,
+    }
 
 
 def metadata_read_seconds(checkpoint: Path) -> float:

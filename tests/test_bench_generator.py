@@ -146,5 +146,5 @@ def test_the_scale_bench_reads_a_commands_output_through_a_pipe_and_counts_it():
     result = timed([sys.executable, "-c", printing])
     assert result["out_mb"] == 5.0
     assert result["cpu_s"] >= result["sys_s"] >= 0 and result["wall_s"] > 0
-    with pytest.raises(RuntimeError, match="exit code 3: e+$"):
+    with pytest.raises(RuntimeError, match=r"exit code 3: e+$"):
         timed([sys.executable, "-c", "import sys; sys.stderr.write('e' * 10); sys.exit(3)"])
