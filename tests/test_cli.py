@@ -157,6 +157,30 @@ def test_inspect_json_is_written_subtask_by_subtask_with_the_same_text(fixture):
     assert "".join(pieces) == json.dumps(report.as_dict())
 
 
+def test_inspect_json_summary_is_the_full_report_without_its_channel_rows(ckpt):
+    """`inspect --json --summary` leaves out the rows of single channels (p² of them at
+    parallelism p): every subtask's and exchange's ``channels`` is null, all else is the same."""
+    from catalog import fixture_named
+
+    fixture = fixture_named("flink23-maxp4096-p2")
+    args = ("inspect", "--json", fixture.checkpoint, "--plan", fixture.plan, "--schema", COUNTJOB_SCHEMA)
+    code, out, err = ckpt(*args)
+    assert code == 0, err
+    full = json.loads(out)
+    assert any(s["channels"] for o in full["operators"] for s in o["subtasks"])
+    assert any(e["channels"] for e in full["exchanges"]) and any(e["records"] for e in full["exchanges"])
+    for operator in full["operators"]:
+        for subtask in operator["subtasks"]:
+            subtask["channels"] = None
+    for exchange in full["exchanges"]:
+        exchange["channels"] = None
+    code, out, err = ckpt(*args, "--summary")
+    assert code == 0, err
+    assert out == json.dumps(full) + "\n"  # the same keys in the same order
+    code, out, err = ckpt("inspect", fixture.checkpoint, "--summary")  # the tables have no such rows
+    assert code == 2 and out == "" and "--summary applies to --json" in err
+
+
 def test_channel_totals_sum_the_channels_without_opening_handles(fixture):
     """`inspect` past a thousand channels shows a row per subtask and direction, summed from the
     handles (merged ones unopened: 23 s to 1.8 s at p=4,096 dense): the sums of its channels."""

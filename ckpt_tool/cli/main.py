@@ -210,9 +210,15 @@ def open_session(checkpoint, schema, plan, engine, spark_master, conf, require_f
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--summary",
+    is_flag=True,
+    help="With --json: every list of single channels (a subtask's, an exchange's) is null; "
+    "totals, histograms and problems stay (a job at parallelism p has up to p² channels).",
+)
 @session_options
 @click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Also write an HTML report with plots.")
-def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_file) -> None:
+def inspect(checkpoint, as_json, summary, schema, plan, engine, spark_master, conf, html_file) -> None:
     """Show what CHECKPOINT (a directory, its _metadata, an object store URI, or a job directory) holds.
 
     With --schema and/or --plan, in-flight records are decoded: records per channel, a key-group
@@ -220,11 +226,13 @@ def inspect(checkpoint, as_json, schema, plan, engine, spark_master, conf, html_
     """
     from ckpt_tool.ops.inspect import inspect as run_inspect
 
+    if summary and not as_json:
+        raise click.UsageError("--summary applies to --json (the tables list at most 1,000 channel rows)")
     with open_session(checkpoint, schema, plan, engine, spark_master, conf, require_files=False) as session:
         scanning = session.exchanges is not None
         with progress_bar("scanning in-flight records", enabled=scanning and not as_json) as session.progress:
             report = run_inspect(session)
-    output_for(as_json).inspect(report)
+    output_for(as_json, channel_rows=not summary).inspect(report)
     if html_file:
         from ckpt_tool.cli.html import inspect_html, write_html
         from ckpt_tool.output_files import report_mode

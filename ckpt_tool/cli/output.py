@@ -101,7 +101,11 @@ class Output(ABC):
 
 
 class JsonOutput(Output):
-    """Each report's ``as_dict``: the documented, stable layout."""
+    """Each report's ``as_dict``: the documented, stable layout; without ``channel_rows``,
+    ``inspect``'s lists of single channels are null (``--summary``)."""
+
+    def __init__(self, channel_rows: bool = True) -> None:
+        self.channel_rows = channel_rows
 
     def _emit(self, value: dict) -> None:
         # indented for a person at a terminal; compact otherwise (Python's encoder is several times
@@ -109,8 +113,8 @@ class JsonOutput(Output):
         sys.stdout.write(json.dumps(value, indent=2 if sys.stdout.isatty() else None) + "\n")
 
     def inspect(self, report: InspectReport) -> None:
-        if sys.stdout.isatty():
-            self._emit(report.as_dict())
+        if sys.stdout.isatty() or not self.channel_rows:
+            self._emit(report.as_dict(channel_rows=self.channel_rows))
             return
         from ckpt_tool.ops.inspect import write_json
 
@@ -509,8 +513,8 @@ def rescale_footer(report: RescaleReport) -> str:
     return "; ".join(parts)
 
 
-def output_for(as_json: bool) -> Output:
-    return JsonOutput() if as_json else RichOutput()
+def output_for(as_json: bool, channel_rows: bool = True) -> Output:
+    return JsonOutput(channel_rows) if as_json else RichOutput()
 
 
 @contextmanager

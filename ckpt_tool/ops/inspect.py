@@ -232,8 +232,13 @@ class OperatorSummary:
     def label(self) -> str:
         return self.name or self.uid or self.id[:8]
 
-    def as_dict(self, streamed: bool = False) -> dict:
-        """Its JSON layout; ``streamed``: the subtasks as a ``Streamed`` list."""
+    def as_dict(self, streamed: bool = False, channel_rows: bool = True) -> dict:
+        """Its JSON layout; ``streamed``: the subtasks as a ``Streamed`` list; without
+        ``channel_rows``, each subtask's ``channels`` is null (``inspect --json --summary``)."""
+        if not channel_rows:
+            subtasks: Any = list(self._subtask_dicts(channel_rows=False))
+        else:
+            subtasks = Streamed(self._subtask_texts) if streamed else list(self._subtask_dicts())
         return {
             "id": self.id,
             "uid": self.uid,
@@ -243,7 +248,7 @@ class OperatorSummary:
             "finished": self.finished,
             "channel_state": {k: asdict(v) for k, v in self.channel_state.items()},
             "state_size": asdict(self.state_size),
-            "subtasks": Streamed(self._subtask_texts) if streamed else list(self._subtask_dicts()),
+            "subtasks": subtasks,
         }
 
     def _subtask_texts(self) -> Iterator[Encoded]:
@@ -256,13 +261,13 @@ class OperatorSummary:
                 f'"channels": {s.channels_json()}, "changelog": {changelog}}}'
             )
 
-    def _subtask_dicts(self) -> Iterator[dict]:
+    def _subtask_dicts(self, channel_rows: bool = True) -> Iterator[dict]:
         for s in self.subtasks:
             yield {
                 "index": s.index,
                 "finished": s.finished,
                 "state_size": asdict(s.state_size),
-                "channels": [c.as_dict() for c in s.channels],
+                "channels": [c.as_dict() for c in s.channels] if channel_rows else None,
                 "changelog": s.changelog.as_dict() if s.changelog else None,
             }
 
@@ -307,21 +312,30 @@ class InspectReport:
     exchanges: Optional[list[ExchangeScan]] = field(default=None)
     problems: list[str] = field(default_factory=list)  # missing or truncated files, unreadable exchanges
 
-    def as_dict(self, streamed: bool = False) -> dict:
+    def as_dict(self, streamed: bool = False, channel_rows: bool = True) -> dict:
         """The documented JSON layout; ``streamed``: each operator's subtasks a ``Streamed`` list
-        (for ``write_json``)."""
+        (for ``write_json``); without ``channel_rows``, every ``channels`` list (a subtask's, an
+        exchange's) is null and the rest is the same (``--summary``: a job at parallelism p has up
+        to p² rows in each)."""
         result: dict[str, Any] = {
             "checkpoint_id": self.checkpoint_id,
             "metadata_version": self.metadata_version,
             "properties": self.properties,
             "master_states": [asdict(m) for m in self.master_states],
-            "operators": [o.as_dict(streamed) for o in self.operators],
+            "operators": [o.as_dict(streamed, channel_rows) for o in self.operators],
             "files": self.files.as_dict(),
             "problems": self.problems,
         }
         if self.exchanges is not None:
             result["engine"] = self.engine
-            result["exchanges"] = [_streamed_channels(e) if streamed else e.as_dict() for e in self.exchanges]
+            result["exchanges"] = [
+                {**e.as_dict(channels=False), "channels": None}
+                if not channel_rows
+                else _streamed_channels(e)
+                if streamed
+                else e.as_dict()
+                for e in self.exchanges
+            ]
         return result
 
 
