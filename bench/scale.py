@@ -284,11 +284,11 @@ def main() -> int:
         low, high = min(mine, key=lambda r: r["parallelism"]), max(mine, key=lambda r: r["parallelism"])
         for name in COMMANDS:
             ratios[f"{channels}:{name}"] = high["runs"][name]["cpu_s"] / max(low["runs"][name]["cpu_s"], 1e-9)
-        copy = high["copy"]["cpu_s"] / max(low["copy"]["cpu_s"], 1e-9)  # the floor's own ratio, not a command's
+        copy_ratio = high["copy"]["cpu_s"] / max(low["copy"]["cpu_s"], 1e-9)  # the floor's own ratio, not a command's
         print(
             f"channels={channels} p{high['parallelism']}/p{low['parallelism']} (cpu) "
             + " ".join(f"{name.replace(' --', '_').replace(' ', '_')}={ratios[f'{channels}:{name}']:.1f}" for name in COMMANDS)
-            + f" (copy={copy:.1f})",
+            + f" (copy={copy_ratio:.1f})",
             flush=True,
         )
     largest = max(rows, key=lambda r: (r["parallelism"], r["metadata_mb"]))

@@ -328,15 +328,15 @@ class InspectReport:
         }
         if self.exchanges is not None:
             result["engine"] = self.engine
-            result["exchanges"] = [
-                {**e.as_dict(channels=False), "channels": None}
-                if not channel_rows
-                else _streamed_channels(e)
-                if streamed
-                else e.as_dict()
-                for e in self.exchanges
-            ]
+            result["exchanges"] = [_exchange_dict(e, streamed, channel_rows) for e in self.exchanges]
         return result
+
+
+def _exchange_dict(scan: ExchangeScan, streamed: bool, channel_rows: bool) -> dict:
+    """The exchange's dict: its channels listed (a ``Streamed`` list where ``streamed``), or null."""
+    if not channel_rows:
+        return {**scan.as_dict(channels=False), "channels": None}
+    return _streamed_channels(scan) if streamed else scan.as_dict()
 
 
 def _streamed_channels(scan: ExchangeScan) -> dict:
