@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
 from ckpt_tool.storage.base import ObjectStoreIO, spooled
-from ckpt_tool.storage.patience import Patience
+from ckpt_tool.storage.patience import Patience, first_line, os_reason
 from ckpt_tool.storage.uri import AzurePath, split_azure_uri
 
 NO_CREDENTIALS = (
@@ -79,14 +79,14 @@ class AzureFileIO(ObjectStoreIO):
                 raise StorageError(f"access denied to {uri}") from exc
             if exc.status_code == 404:
                 raise _MissingObject(f"cannot {what} {uri}: no such object") from exc
-            raise StorageError(f"cannot {what} {uri}: {_code(exc) or exc.status_code} ({_first_line(exc.reason)})") from exc
+            raise StorageError(f"cannot {what} {uri}: {_code(exc) or exc.status_code} ({first_line(exc.reason)})") from exc
         except az.ServiceResponseError as exc:
             raise StorageError(f"Azure endpoint {self._endpoint(path)} stalled: {self.patience.stalled()}") from exc
         except az.ServiceRequestError as exc:
-            reason = self.patience.unreachable() if isinstance(exc, az.ServiceRequestTimeoutError) else _os_reason(exc)
+            reason = self.patience.unreachable() if isinstance(exc, az.ServiceRequestTimeoutError) else os_reason(exc)
             raise StorageError(f"cannot reach Azure endpoint {self._endpoint(path)}: {reason}") from exc
         except az.AzureError as exc:
-            raise StorageError(f"cannot {what} {uri}: {_first_line(str(exc))}") from exc
+            raise StorageError(f"cannot {what} {uri}: {first_line(str(exc))}") from exc
 
     def _endpoint(self, path: AzurePath) -> str:
         try:
@@ -234,23 +234,6 @@ def _retry_policy() -> type:
             return min(super().get_backoff_time(settings), MAX_BACKOFF)
 
     return Retry
-
-
-def _os_reason(exc: BaseException) -> str:
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror
-        inner = getattr(seen, "inner_exception", None) or getattr(seen, "reason", None)
-        seen = inner if isinstance(inner, BaseException) else (seen.__cause__ or seen.__context__)
-    text = str(exc)
-    return "Connection refused" if "Connection refused" in text else _first_line(text)
-
-
-def _first_line(text: str | None) -> str:
-    return ((text or "").strip().splitlines() or [""])[0][:300]
 
 
 @lru_cache(maxsize=8)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
 from ckpt_tool.storage.base import ObjectStoreIO, spooled
-from ckpt_tool.storage.patience import Patience
+from ckpt_tool.storage.patience import Patience, first_line, os_reason
 from ckpt_tool.storage.uri import split_bucket_uri
 
 PUBLIC_ENDPOINT = "https://storage.googleapis.com"
@@ -95,16 +95,16 @@ class GcsFileIO(ObjectStoreIO):
         except api.RetryError as exc:
             raise self._connection_error(exc.cause or exc, what, uri) from exc
         except api.GoogleAPICallError as exc:
-            raise StorageError(f"cannot {what} {uri}: {exc.code} ({_first_line(exc.message)})") from exc
+            raise StorageError(f"cannot {what} {uri}: {exc.code} ({first_line(exc.message)})") from exc
         except auth.DefaultCredentialsError as exc:
             named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
             if named:
                 problem = f"GOOGLE_APPLICATION_CREDENTIALS names {named}, not a usable credentials file"
-                raise StorageError(f"cannot {what} {uri}: {problem} ({_first_line(str(exc))})") from exc
+                raise StorageError(f"cannot {what} {uri}: {problem} ({first_line(str(exc))})") from exc
             raise StorageError(f"cannot {what} {uri}: {NO_CREDENTIALS}") from exc
         except auth.RefreshError as exc:
             raise StorageError(
-                f"cannot {what} {uri}: the Google Cloud credentials were rejected ({_first_line(str(exc))})"
+                f"cannot {what} {uri}: the Google Cloud credentials were rejected ({first_line(str(exc))})"
             ) from exc
         except (auth.GoogleAuthError, OSError) as exc:
             raise self._connection_error(exc, what, uri) from exc
@@ -121,8 +121,8 @@ class GcsFileIO(ObjectStoreIO):
         if _is_silence(exc):
             return StorageError(f"Google Cloud Storage endpoint {self.endpoint} stalled: {self.patience.stalled()}")
         if isinstance(exc, (requests.exceptions.ConnectionError, ConnectionError)):
-            return StorageError(f"cannot reach Google Cloud Storage endpoint {self.endpoint}: {_os_reason(exc)}")
-        return StorageError(f"cannot {what} {uri}: {_first_line(str(exc)) or type(exc).__name__}")
+            return StorageError(f"cannot reach Google Cloud Storage endpoint {self.endpoint}: {os_reason(exc)}")
+        return StorageError(f"cannot {what} {uri}: {first_line(str(exc)) or type(exc).__name__}")
 
     def _bucket(self, bucket: str):
         return self.client.bucket(bucket)
@@ -228,43 +228,6 @@ def _is_requests_error(exc: BaseException) -> bool:
     import requests
 
     return isinstance(exc, requests.exceptions.RequestException)
-
-
-def _os_reason(exc: BaseException) -> str:
-    """The OS's words for a failed connection (``Connection refused``), where there are some."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror
-        for arg in getattr(seen, "args", ()):
-            if isinstance(arg, BaseException):
-                inner = _os_reason_shallow(arg)
-                if inner:
-                    return inner
-        seen = seen.__cause__ or seen.__context__
-    text = str(exc)
-    return "Connection refused" if "Connection refused" in text else _first_line(text)
-
-
-def _os_reason_shallow(exc: BaseException) -> str | None:
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror
-        reason = getattr(seen, "reason", None)
-        if isinstance(reason, BaseException):
-            seen = reason
-            continue
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0][:300]
 
 
 @lru_cache(maxsize=8)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 from ckpt_tool.errors import StorageError
 
@@ -57,3 +58,44 @@ def _number(variable: str, default: float, whole: bool = False) -> float:
         kind = "a whole number" if whole else "a number of seconds"
         raise StorageError(f"{variable}={text!r} is not {kind} between 0 and 86400")
     return value
+
+
+def os_reason(exc: BaseException) -> str:
+    """Why a connection failed, briefly: the OS's words (``Connection refused``) where some
+    exception ``exc`` wraps holds them, else the first line of its message."""
+    found = _os_words(exc)
+    if found:
+        return found
+    text = str(exc)
+    return "Connection refused" if "Connection refused" in text else first_line(text)
+
+
+def _os_words(exc: BaseException) -> Optional[str]:
+    """The ``strerror`` of the nearest OSError among the exceptions ``exc`` wraps: as its cause or
+    context, or where a store's client keeps it (``inner_exception``: Azure; ``reason``: urllib3;
+    an argument: requests; ``kwargs["error"]``: botocore), nearest first."""
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending and len(seen) < 32:
+        error = pending.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.strerror:
+            return str(error.strerror)
+        kwargs = getattr(error, "kwargs", None)
+        wrapped = (
+            getattr(error, "inner_exception", None),
+            getattr(error, "reason", None),
+            kwargs.get("error") if isinstance(kwargs, dict) else None,
+            *getattr(error, "args", ()),
+            error.__cause__,
+            error.__context__,
+        )
+        pending.extend(inner for inner in wrapped if isinstance(inner, BaseException))
+    return None
+
+
+def first_line(text: Optional[str]) -> str:
+    """The first line of a store's message, at most 300 characters: errors are one line."""
+    return ((text or "").strip().splitlines() or [""])[0][:300]

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from ckpt_tool.errors import AlreadyExistsError, StorageError
 from ckpt_tool.storage.base import ObjectStoreIO, spooled
-from ckpt_tool.storage.patience import Patience
+from ckpt_tool.storage.patience import Patience, os_reason
 from ckpt_tool.storage.uri import split_bucket_uri
 
 RETRY_CONFIG = {"max_attempts": 10, "mode": "standard"}  # throttling and 5xx answers
@@ -109,12 +109,7 @@ class S3FileIO(ObjectStoreIO):
 
         if isinstance(exc, ConnectTimeoutError):
             return self.patience.unreachable()
-        error: BaseException | None = exc.kwargs.get("error") if hasattr(exc, "kwargs") else None
-        while error is not None:
-            if isinstance(error, OSError) and error.strerror:
-                return error.strerror
-            error = error.__cause__ or error.__context__
-        return str(exc)
+        return os_reason(exc)
 
     def _head(self, uri: str) -> dict | None:
         """The object's HEAD answer, or None if the object (but not its bucket) is missing."""
