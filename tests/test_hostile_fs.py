@@ -437,18 +437,36 @@ def _limit_memory() -> None:
 
 
 def run_measured(args: list[str], timeout: float) -> tuple[int, str, int]:
-    """Run a command; returns its exit code, its stderr and its peak memory (KiB), its own."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        run = subprocess.Popen(args, stdout=out, stderr=err, preexec_fn=_limit_memory)
-        timer = threading.Timer(timeout, run.kill)
+    """Run a command; returns its exit code, its stderr and its peak memory (KiB), its own. It runs
+    under a small Python process that forks it and writes its ``ru_maxrss``: a child forked by
+    this test process (with or without exec) starts its peak at this process's resident size,
+    hundreds of MB late in a test run."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile() as peak:
+        wrapped = [sys.executable, "-c", _PEAK_OF_GRANDCHILD, peak.name, *args]
+        run = subprocess.Popen(wrapped, stdout=out, stderr=err, preexec_fn=_limit_memory, start_new_session=True)
+        timer = threading.Timer(timeout, lambda: os.killpg(run.pid, signal.SIGKILL))
         timer.start()
         try:
-            _, status, usage = os.wait4(run.pid, 0)
+            run.wait()
         finally:
             timer.cancel()
-        run.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        return run.returncode, err.read().decode(), usage.ru_maxrss
+        return run.returncode, err.read().decode(), int(Path(peak.name).read_text() or 0)
+
+
+_PEAK_OF_GRANDCHILD = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as peak:
+    peak.write(str(usage.ru_maxrss))
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def test_reads_refuse_what_is_not_a_regular_file(tmp_path):
