@@ -22,7 +22,7 @@ export CKPT_TOOLS_CACHE
 setup: $(VENV)/.installed
 	$(BIN)/python -m compileall -q ckpt_tool
 
-$(VENV)/.installed: pyproject.toml setup.py ckpt_tool/records/_framing.c
+$(VENV)/.installed: pyproject.toml setup.py ckpt_tool/framing/_framing.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

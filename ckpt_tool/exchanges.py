@@ -22,7 +22,7 @@ from ckpt_tool.engine.tasks import ChannelTable, Junction, channel_tasks, juncti
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
-from ckpt_tool.records.framing import framing as _framing
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange

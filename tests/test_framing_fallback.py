@@ -13,7 +13,7 @@ import pytest
 from catalog import fixture_named
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT
-from ckpt_tool.records import _framing, _framing_py
+from ckpt_tool.framing import _framing, _framing_py
 
 
 def outcome(function, *args):

@@ -4,14 +4,21 @@ records in the same order, with the same timestamps, sizes, key hashes, key grou
 
 from __future__ import annotations
 
+import struct
 from collections import defaultdict
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from catalog import ALL_FIXTURES
 from ckpt_tool.engine import LocalEngine
 from ckpt_tool.ops.records import ExportError, export_records
+from ckpt_tool.records.batch import frame_channels
+from ckpt_tool.records.elements import RECORD
+from ckpt_tool.records.export import Decoding, record_columns
+from ckpt_tool.records.schema import Exchange
+from ckpt_tool.records.types.binary import RecordDecodeError
 from ckpt_tool.session import Session
 
 
@@ -85,3 +92,32 @@ def test_nothing_to_export(tmp_path):
     session = Session.open(str(fixture.checkpoint))
     with pytest.raises(ExportError, match="no exchange to export"):
         export_records(session.checkpoint, [], LocalEngine(), str(tmp_path / "x.parquet"))
+
+
+def test_records_of_channels_framed_together_are_named_by_their_own_channel():
+    """``ckpt records`` frames an engine task's channels together and decodes their records in one
+    run: each row keeps its own channel's subtasks and position, and a record that does not decode
+    is named by its channel and its position there, as when channels were decoded one by one."""
+
+    def element(value: bytes) -> bytes:
+        return struct.pack(">i", 1 + len(value)) + bytes([RECORD]) + value
+
+    def long(n: int) -> bytes:
+        return struct.pack(">q", n)
+
+    exchange = Exchange("up", "down", record_type="long")
+    upstream, downstream = np.array([3, 4, 5]), np.array([0, 1, 2])
+
+    def columns(streams: list[bytes]) -> dict:
+        framed = frame_channels(streams)
+        indices = np.flatnonzero(framed.records.is_record)
+        channel = framed.channel[indices]
+        where = {"exchange": "up -> down", "upstream_subtask": upstream[channel], "downstream_subtask": downstream[channel]}
+        return record_columns(framed.records, indices, indices - framed.first[channel], where, Decoding(exchange, ""), 128, 3)
+
+    good = columns([element(long(1)) + element(long(2)), b"", element(long(3))])
+    assert good["value"] == [1, 2, 3] and good["exchange"] == ["up -> down"] * 3
+    assert good["upstream_subtask"].tolist() == [3, 3, 5] and good["downstream_subtask"].tolist() == [0, 0, 2]
+    assert good["element_index"].tolist() == [0, 1, 0]
+    with pytest.raises(RecordDecodeError, match=r"^up -> down, channel 5 -> 2: stream element 1: record ends after"):
+        columns([element(long(1)) * 2, element(long(2)), element(long(3)) + element(b"\0\0\0\1")])

@@ -226,7 +226,7 @@ class ExecutorInfo:
 
 def _probe(_: int) -> ExecutorInfo:
     """Runs on an executor: what ckpt's tasks will find there."""
-    from ckpt_tool.records import framing
+    from ckpt_tool import framing
 
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return ExecutorInfo(socket.gethostname(), python, framing.COMPILED, framing.FALLBACK_REASON)

@@ -51,10 +51,10 @@ from ckpt_tool.flink.channel_state import (
     small_channels_file,
 )
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.memory import reuse_memory
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
-from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
 from ckpt_tool.records.scan import ChannelScan, ScanColumns, holding_keys, scan_records
@@ -151,7 +151,7 @@ ROUTED_DIGEST = 8
 
 def _blocks(tasks: list[ChannelTask]) -> list[list[ChannelTask]]:
     """Consecutive runs of ``tasks`` of at most ``TOGETHER_BYTES`` (a larger channel alone)."""
-    return [tasks[start:stop] for start, stop in _row_blocks([task.size for task in tasks], 0, TOGETHER_BYTES)]
+    return [tasks[start:stop] for start, stop in row_blocks([task.size for task in tasks], 0, TOGETHER_BYTES)]
 
 
 def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
@@ -162,7 +162,7 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
     names the channel and the element. A table of channels in local files is read from its columns
     (no object per channel); other channels through their tasks."""
     reuse_memory()
-    if isinstance(tasks, ChannelTable) and _all_local(tasks):
+    if isinstance(tasks, ChannelTable) and all_local(tasks):
         return _scan_table(tasks, exchanges)
     parts = []
     with ChannelStateReader() as reader:
@@ -176,12 +176,12 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
     return ScanColumns.concatenate(parts)
 
 
-def _all_local(table: ChannelTable) -> bool:
+def all_local(table: ChannelTable) -> bool:
     """Whether every file of the table is a local one (not inline data, not an object store's)."""
     return all(location is not None and inline is None and is_local(location) for location, inline, _, _ in table.files)
 
 
-def _row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> list[tuple[int, int]]:
+def row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> list[tuple[int, int]]:
     """Runs of consecutive rows (from ``start``, of these sizes) of at most ``limit`` bytes (a
     larger row alone), as (start, stop): ``plan_batches``, a search per run (p² rows at p=4,096)."""
     return [(start + run.start, start + run.stop) for run in plan_batches(sizes, limit)]
@@ -195,12 +195,12 @@ def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
         for run_start, run_stop in zip(runs[:-1], runs[1:]):
             exchange_index = int(index[run_start])
             exchange = exchanges[exchange_index]
-            for read_start, read_stop in _row_blocks(table.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
+            for read_start, read_stop in row_blocks(table.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
                 try:
                     read: Optional[tuple] = read_rows(reader, table, read_start, read_stop)
                 except CkptError:
                     read = None  # each block channel by channel, which names what does not read
-                for start, stop in _row_blocks(table.size[read_start:read_stop], read_start, TOGETHER_BYTES):
+                for start, stop in row_blocks(table.size[read_start:read_stop], read_start, TOGETHER_BYTES):
                     scanned = None
                     if read is not None:
                         framed, input_buffers, output_buffers = read
@@ -664,7 +664,7 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
         framed: Optional[FramedChannels] = None
         if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole):  # many small channels
             try:  # every file read once, its channels' buffers in one call, then each task routed from memory
-                framed = read_rows(reader, whole, 0, len(whole))[0] if _all_local(whole) else read_channels(reader, list(whole))
+                framed = read_rows(reader, whole, 0, len(whole))[0] if all_local(whole) else read_channels(reader, list(whole))
             except CkptError:  # each task reads its channels itself, and says which does not read
                 framed = None
 

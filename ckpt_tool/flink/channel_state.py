@@ -30,7 +30,7 @@ import numpy as np
 
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import ByteStreamHandle, ChannelStateHandle, SegmentFileHandle
-from ckpt_tool.records.framing import framing as _framing
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.storage import FileIO, io_for, is_local
 from ckpt_tool.storage.local import LocalFileIO
 

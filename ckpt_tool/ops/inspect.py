@@ -36,7 +36,7 @@ from ckpt_tool.flink.model import (
     SubtaskState,
     columns_opened,
 )
-from ckpt_tool.records.framing import framing as _framing
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.session import Session
 
 if TYPE_CHECKING:

@@ -2,11 +2,12 @@
 (the rows and their schema: ckpt_tool.records.export).
 
 The work runs on the session's engine in tasks of a bounded byte budget (many logical channels
-each; a job at parallelism p has p² of them): a task decodes its channels one by one and writes
-their rows to one part file in a private directory beside the output, in row groups of up to
-ROWS_PER_GROUP rows; the driver then copies the parts, row group by row group, into one file with
-one ``ParquetWriter``. Memory stays bounded by a row group and a channel, and a record of hundreds
-of MiB costs a small multiple of its size.
+each; a job at parallelism p has p² of them): a task reads and frames its channels together, a
+few MiB at a time, decodes their records and writes their rows to one part file in a private
+directory beside the output, in row groups of up to ROWS_PER_GROUP rows; the driver then copies
+the parts, row group by row group, into one file with one ``ParquetWriter``. Memory stays bounded
+by a row group and the bytes read together, and a record of hundreds of MiB costs a small
+multiple of its size.
 
 The file holds every record value, so it is never more readable than the checkpoint
 (ckpt_tool.output_files): it is written owner-only and given the checkpoint's permission bits
@@ -18,20 +19,33 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import ChannelTable, ChannelTask, channel_tasks, read_channel
+from ckpt_tool.engine.tasks import (
+    READ_TOGETHER_BYTES,
+    ChannelTable,
+    ChannelTask,
+    all_local,
+    channel_tasks,
+    read_channel,
+    read_channels,
+    read_rows,
+    row_blocks,
+)
 from ckpt_tool.errors import CkptError, naming
 from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.plan import POINTWISE_PARTITIONERS
 from ckpt_tool.output_files import publish, report_mode
-from ckpt_tool.records.export import ROWS_PER_GROUP, Decoding, channel_columns, file_schema, joined_columns, table, writer_options
+from ckpt_tool.records.batch import FramedChannels
+from ckpt_tool.records.export import ROWS_PER_GROUP, Decoding, file_schema, joined_columns, record_columns, table, writer_options
 from ckpt_tool.records.schema import Exchange
 
 
@@ -55,11 +69,14 @@ class ExportContext:
 def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportContext) -> tuple[str, int]:
     """Write the records of a batch of logical channels (an engine task of a bounded byte budget,
     not a task per channel: a job at parallelism p has p² channels) to one part file, in row
-    groups of up to ROWS_PER_GROUP rows; returns (part, rows). Memory stays bounded by a row
-    group's values and the channel being read."""
+    groups of up to ROWS_PER_GROUP rows; returns (part, rows). The channels of one exchange are
+    read READ_TOGETHER_BYTES at a time (each file once for them all) and framed together, and
+    their records decoded ROWS_PER_GROUP at a time, so that a channel of one record costs no more
+    than a record (at p=4,096 sparse, 1.7 million channels hold 1.7 million records). Memory stays
+    bounded by a row group's values and the bytes read together (a larger channel alone)."""
     descriptor, part = tempfile.mkstemp(prefix="part-", suffix=".parquet", dir=context.parts)
     os.close(descriptor)
-    pending: list[dict[str, Any]] = []  # columns of channels of one exchange
+    pending: list[dict[str, Any]] = []  # columns of records of one exchange
     held = rows = 0
     decodings: dict[int, Decoding] = {}
     with ChannelStateReader() as reader, pq.ParquetWriter(part, context.schema, **writer_options()) as writer:
@@ -72,36 +89,110 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 held = 0
 
         current = None
-        for channel in channels:
-            index = channel.exchange_index
+        for index, framed, upstream, downstream, parallelisms in _framed_blocks(channels, reader, context.labels):
             if index != current:
-                flush()  # a row group's channels are of one exchange (the same columns)
+                flush()  # a row group's records are of one exchange (the same columns)
                 current = index
             if index not in decodings:
                 decodings[index] = Decoding(context.exchanges[index], context.places.get(index))
             exchange, label = context.exchanges[index], context.labels[index]
-            key = (channel.upstream_subtask, channel.downstream_subtask)
-            where: dict[str, Any] = {
-                "exchange": label,
-                "upstream_operator": exchange.upstream_id,
-                "downstream_operator": exchange.downstream_id,
-                "gate": exchange.gate,
-                "upstream_subtask": channel.upstream_subtask,
-                "downstream_subtask": channel.downstream_subtask,
-                "input_channel": context.pointwise[index].get(key, channel.upstream_subtask),
-            }
-            with naming(f"{label}, channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
-                records = read_channel(reader, channel)
-                columns = channel_columns(records, decodings[index], where, channel.max_parallelism, channel.parallelism)
-            del records  # the channel's bytes go before the values are converted, the values before they are encoded
-            count = len(columns["element_index"])
-            if held and held + count > ROWS_PER_GROUP:
-                flush()
-            pending.append(columns)
-            held += count
-            rows += count
+            pointwise = context.pointwise[index]
+            input_channel = (
+                np.array([pointwise.get(key, key[0]) for key in zip(upstream.tolist(), downstream.tolist())], dtype=np.int64)
+                if pointwise
+                else upstream
+            )
+            records = framed.records
+            indices = np.flatnonzero(records.is_record)
+            for first in range(0, len(indices), ROWS_PER_GROUP):
+                chosen = indices[first : first + ROWS_PER_GROUP]
+                channel = framed.channel[chosen]
+                where: dict[str, Any] = {
+                    "exchange": label,
+                    "upstream_operator": exchange.upstream_id,
+                    "downstream_operator": exchange.downstream_id,
+                    "gate": exchange.gate,
+                    "upstream_subtask": upstream[channel],
+                    "downstream_subtask": downstream[channel],
+                    "input_channel": input_channel[channel],
+                }
+                columns = record_columns(
+                    records,
+                    chosen,
+                    chosen - framed.first[channel],
+                    where,
+                    decodings[index],
+                    *parallelisms,
+                )
+                count = len(chosen)
+                if held and held + count > ROWS_PER_GROUP:
+                    flush()
+                pending.append(columns)
+                held += count
+                rows += count
+            del records, framed  # the channels' bytes go before the next are read
         flush()
     return part, rows
+
+
+def _framed_blocks(
+    channels: ChannelTable | list[ChannelTask], reader: ChannelStateReader, labels: list[str]
+) -> Iterator[tuple[int, FramedChannels, np.ndarray, np.ndarray, tuple[int, int]]]:
+    """(exchange index, channels of it framed together, their upstream and downstream subtasks,
+    the exchange's max parallelism and downstream parallelism),
+    READ_TOGETHER_BYTES at a time (a larger channel alone): a table of channels in local files read
+    from its columns, each file once per block (``read_rows``), other channels through their tasks.
+    Where a block does not read or frame, its channels are read one by one, which raises the error
+    that names the channel."""
+    if isinstance(channels, ChannelTable):
+        table = channels
+        exchange_index, sizes = table.exchange_index, table.size
+        upstream_all, downstream_all = table.upstream.astype(np.int64), table.downstream.astype(np.int64)
+        local = all_local(table)
+
+        def read(start: int, stop: int) -> FramedChannels:
+            return read_rows(reader, table, start, stop)[0] if local else read_channels(reader, table.tasks(start, stop))
+
+        def task(i: int) -> ChannelTask:
+            return table[i]
+
+        def parallelisms(index: int) -> tuple[int, int]:
+            return int(table.max_parallelism[index]), int(table.parallelism[index])
+
+    else:
+        tasks = list(channels)
+        exchange_index = np.array([t.exchange_index for t in tasks], dtype=np.int64)
+        sizes = np.array([t.size for t in tasks], dtype=np.int64)
+        upstream_all = np.array([t.upstream_subtask for t in tasks], dtype=np.int64)
+        downstream_all = np.array([t.downstream_subtask for t in tasks], dtype=np.int64)
+
+        def read(start: int, stop: int) -> FramedChannels:
+            return read_channels(reader, tasks[start:stop])
+
+        def task(i: int) -> ChannelTask:
+            return tasks[i]
+
+        first = {t.exchange_index: (t.max_parallelism, t.parallelism) for t in reversed(tasks)}
+
+        def parallelisms(index: int) -> tuple[int, int]:
+            return first[index]
+
+    runs = np.flatnonzero(np.diff(exchange_index, prepend=-1)).tolist() + [len(sizes)] if len(sizes) else [0]
+    for run_start, run_stop in zip(runs[:-1], runs[1:]):
+        index = int(exchange_index[run_start])
+        for start, stop in row_blocks(sizes[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
+            try:
+                framed: Optional[FramedChannels] = read(start, stop)
+            except CkptError:
+                framed = None  # channel by channel, which names what does not read
+            if framed is not None:
+                yield index, framed, upstream_all[start:stop], downstream_all[start:stop], parallelisms(index)
+                continue
+            for i in range(start, stop):
+                one = task(i)
+                with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
+                    records = read_channel(reader, one)
+                yield index, FramedChannels.of(records), upstream_all[i : i + 1], downstream_all[i : i + 1], parallelisms(index)
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
-from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type
 from ckpt_tool.records.types.binary import null_bits_size
@@ -94,6 +94,18 @@ class FramedChannels:
     first: np.ndarray
     channel: np.ndarray
     trailing: np.ndarray
+
+    @classmethod
+    def of(cls, records: ChannelRecords) -> FramedChannels:
+        """One channel's records (``frame_channel``), as channels framed together."""
+        count = len(records.starts)
+        return cls(
+            ChannelRecords(records.data, records.starts, records.ends, records.tags, 0),
+            np.array([0, len(records.data)], dtype=np.int64),
+            np.array([0, count], dtype=np.int64),
+            np.zeros(count, dtype=np.int64),
+            np.array([records.trailing], dtype=np.int64),
+        )
 
     def part(self, start: int, stop: int) -> FramedChannels:
         """Channels ``start`` to ``stop`` (exclusive), sharing the bytes."""

@@ -1,5 +1,5 @@
-"""``ckpt records``, the records side: the Parquet file's schema and one channel's records as an
-Arrow table.
+"""``ckpt records``, the records side: the Parquet file's schema and the records of channels as
+an Arrow table.
 
 A row says where the record is (exchange, upstream and downstream subtask, gate and input
 channel, its position in the channel), what it is (timestamp, value size, the decoded value
@@ -8,8 +8,8 @@ the key's hash, key group and the subtask owning that key group, so that DuckDB,
 SQL can answer "which keys are stuck in flight?". The operation (tasks on the engine, the one
 output file) is ckpt_tool.ops.records.
 
-A channel's records are decoded one at a time from views of the channel's bytes (a record is
-never copied to be decoded), and the Parquet writers keep no statistics of the value and key
+Records are decoded one at a time from views of their channels' bytes (a record is never copied
+to be decoded), and the Parquet writers keep no statistics of the value and key
 columns: statistics copy each column's largest value, which for a record of hundreds of MiB
 cost several times its size in memory.
 """
@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from ckpt_tool.errors import naming
+from ckpt_tool.errors import CkptError
 from ckpt_tool.records.batch import ChannelRecords, murmur_key_groups
 from ckpt_tool.records.elements import RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import operator_index_for_key_group
@@ -174,7 +174,7 @@ def writer_options() -> dict[str, Any]:
     return {"write_statistics": STATISTICS_COLUMNS, "use_dictionary": STATISTICS_COLUMNS}
 
 
-# --- one channel ------------------------------------------------------------------------------------
+# --- records as columns ----------------------------------------------------------------------------
 
 
 def _decoder(exchange: Exchange):
@@ -204,14 +204,22 @@ class Decoding:
         self.avro = self.value_type is not None and self.value_type.name == "avro"
 
 
-def channel_columns(
-    records: ChannelRecords, decoding: Decoding, where: dict[str, Any], max_parallelism: int, parallelism: int
+def record_columns(
+    records: ChannelRecords,
+    indices: np.ndarray,
+    element_index: np.ndarray,
+    where: dict[str, Any],
+    decoding: Decoding,
+    max_parallelism: int,
+    parallelism: int,
 ) -> dict[str, Any]:
-    """One channel's records as columns (by name; ``table`` makes them rows of the file's schema),
-    decoded as its exchange's ``decoding`` says. ``where``: the columns equal for every row
-    (exchange, operators, gate, subtasks, input channel). The columns hold no reference to the
-    channel's bytes, which the caller may drop before ``table``."""
-    indices = np.flatnonzero(records.is_record)
+    """Records ``indices`` of ``records`` (the elements of one or many channels of one exchange)
+    as columns (by name; ``table`` makes them rows of the file's schema), decoded as the
+    exchange's ``decoding`` says. ``element_index``: each one's position in its channel;
+    ``where``: the columns equal for every row (exchange, operators, gate) as values, and those of
+    each row's channel (subtasks, input channel) as arrays, one value per row; an error names the
+    exchange, the channel and the element. The columns hold no reference to the channels' bytes, which
+    the caller may drop before ``table``."""
     starts = (records.starts + 4)[indices].tolist()
     value_starts = records.value_starts()[indices]
     ends = records.ends[indices]
@@ -221,35 +229,40 @@ def channel_columns(
     hashes, printable, values, raw, timestamps = [], [], [], [], []
     data = records.data
     view = memoryview(data)
+    number = 0
     try:
-        for number, (start, value_start, end) in enumerate(zip(starts, value_starts.tolist(), ends.tolist())):
+        # ``number``: the element an error stopped at, which the except clause names
+        for number, (start, value_start, end) in enumerate(zip(starts, value_starts.tolist(), ends.tolist())):  # noqa: B007
             timestamps.append(
                 int.from_bytes(data[start + 1 : start + 9], "big", signed=True) if data[start] == RECORD_WITH_TIMESTAMP else None
             )
             element = view[start:end]  # the record's bytes where they are, not a copy
-            with naming(f"stream element {int(indices[number])}"):
-                if key_of is not None:
-                    key_hash, key = key_of(element, value_start - start)  # type: ignore[arg-type]  # any bytes-like
-                    hashes.append(key_hash)
-                    printable.append(json.dumps(key, default=str, ensure_ascii=False))
-                if decode is not None:
-                    decoded = decode(element, value_start - start)
-                    values.append(decoded if avro else arrow_value(value_type, decoded))  # type: ignore[arg-type]
-                    del decoded
-                else:
-                    raw.append(data[value_start:end])
+            if key_of is not None:
+                key_hash, key = key_of(element, value_start - start)  # type: ignore[arg-type]  # any bytes-like
+                hashes.append(key_hash)
+                printable.append(json.dumps(key, default=str, ensure_ascii=False))
+            if decode is not None:
+                decoded = decode(element, value_start - start)
+                values.append(decoded if avro else arrow_value(value_type, decoded))  # type: ignore[arg-type]
+                del decoded
+            else:
+                raw.append(data[value_start:end])
             del element
+    except CkptError as exc:
+        channel = f"channel {int(where['upstream_subtask'][number])} -> {int(where['downstream_subtask'][number])}"
+        raise type(exc)(f"{where['exchange']}, {channel}: stream element {int(element_index[number])}: {exc}") from exc
     finally:
         view.release()
-    groups = murmur_key_groups(np.asarray(hashes, dtype=np.int64).astype(np.uint32), max_parallelism)
+    codes = np.asarray(hashes, dtype=np.int64)
+    groups = murmur_key_groups(codes.astype(np.uint32), max_parallelism)
     owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
-    columns: dict[str, Any] = {name: [value] * count for name, value in where.items()}
-    columns["element_index"] = indices
+    columns: dict[str, Any] = {name: value if isinstance(value, np.ndarray) else [value] * count for name, value in where.items()}
+    columns["element_index"] = element_index
     columns["timestamp"] = timestamps
     columns["value_size"] = ends - value_starts
     if key_of is not None:
         columns["key"] = printable
-        columns["key_hash"] = [h - (1 << 32) if h >= 1 << 31 else h for h in (x & 0xFFFFFFFF for x in hashes)]
+        columns["key_hash"] = codes.astype(np.uint32).view(np.int32)  # Java's int, as the key's hashCode
         columns["key_group"] = groups
         columns["owning_subtask"] = owners
     if value_field is None:
@@ -260,7 +273,7 @@ def channel_columns(
 
 
 def joined_columns(many: list[dict[str, Any]]) -> dict[str, Any]:
-    """``channel_columns`` of several channels of one exchange (the same column names) as the
+    """``record_columns`` of several parts of one exchange (the same column names) as the
     columns of all their rows, one after another: ``table`` then converts each column once."""
     if len(many) == 1:
         return many[0]
@@ -274,7 +287,7 @@ def joined_columns(many: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
-    """``channel_columns`` as rows of the file's schema (columns it lacks are null); the columns'
+    """``record_columns`` as rows of the file's schema (columns it lacks are null); the columns'
     lists are emptied as they are converted, so a value is never held twice for long."""
     count = len(columns["element_index"])
     arrays = []

@@ -33,8 +33,8 @@ import numpy as np
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.channel_state import Pieces
+from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups
-from ckpt_tool.records.framing import framing as _framing
 from ckpt_tool.records.keys import operator_index_for_key_group
 from ckpt_tool.records.scan import suspect_digests, suspect_key_groups
 from ckpt_tool.records.schema import Exchange, SchemaError

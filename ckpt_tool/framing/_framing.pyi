@@ -1,4 +1,4 @@
-"""Types of the C module ckpt_tool/records/_framing.c (buffers: bytes, memoryview, mmap, NumPy arrays)."""
+"""Types of the C module ckpt_tool/framing/_framing.c (buffers: bytes, memoryview, mmap, NumPy arrays)."""
 
 from typing import Any
 
