@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from measured import run_measured
 
 from catalog import ROOT, fixture_named, tree_digest
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
@@ -355,21 +356,10 @@ def test_absurd_sizes_fail_fast_in_bounded_memory(tmp_path, kind, message):
     checkpoint = _absurd(tmp_path, kind)
     for command in (["inspect", str(checkpoint), "--schema", BASE.schema], ["verify", str(checkpoint), *INPUTS]):
         started = time.monotonic()
-        # Through a fresh interpreter whose only child is ckpt: this process's own RUSAGE_CHILDREN
-        # also holds every child the session reaped before (Flink JVMs of other test files).
-        wrapped = [sys.executable, "-c", _PEAK_OF_CHILD, str(CKPT), *command]
-        run = subprocess.run(wrapped, capture_output=True, text=True, timeout=120)
+        run = run_measured([str(CKPT), *command], timeout=120)
         assert time.monotonic() - started < 20
-        peak_kib, returncode = (int(v) for v in run.stderr.rsplit("\n", 2)[-2].split())
-        assert returncode == 2 and message in run.stderr + run.stdout, (run.stdout, run.stderr)
-        assert peak_kib < 1_000_000, f"{command[0]} used {peak_kib} KiB"
-
-
-_PEAK_OF_CHILD = """
-import resource, subprocess, sys
-run = subprocess.run(sys.argv[1:])
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, run.returncode, file=sys.stderr)
-"""
+        assert run.returncode == 2 and message in run.stderr + run.stdout, (run.stdout, run.stderr)
+        assert run.peak_kib < 1_000_000, f"{command[0]} used {run.peak_kib} KiB"
 
 
 def test_the_source_checkpoint_was_never_modified():

@@ -19,13 +19,13 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from measured import run_measured
 
 from catalog import ROOT, fixture_named
 from ckpt_tool.errors import StorageError
@@ -424,49 +424,16 @@ def test_fifos_devices_and_huge_files_fail_fast_in_bounded_memory(tmp_path, case
     before = tree(tmp_path)
     for name, command in FILE_COMMANDS.items():
         started = time.monotonic()
-        code, err, peak_kib = run_measured([str(CKPT), *command(checkpoint, tmp_path / "dst")], timeout=60)
+        run = run_measured([str(CKPT), *command(checkpoint, tmp_path / "dst")], timeout=60, preexec_fn=_limit_memory)
         assert time.monotonic() - started < 20, name
-        one_line_error(code, err, FILE_CASES[case])
-        assert peak_kib < 400_000, f"{name} used {peak_kib} KiB"
+        one_line_error(run.returncode, run.stderr, FILE_CASES[case])
+        assert run.peak_kib < 400_000, f"{name} used {run.peak_kib} KiB"
         assert tree(tmp_path) == before, name
 
 
 def _limit_memory() -> None:
     """At most 4 GiB of address space: a run that reads without bound fails, the machine lives."""
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-
-
-def run_measured(args: list[str], timeout: float) -> tuple[int, str, int]:
-    """Run a command; returns its exit code, its stderr and its peak memory (KiB), its own. It runs
-    under a small Python process that forks it and writes its ``ru_maxrss``: a child forked by
-    this test process (with or without exec) starts its peak at this process's resident size,
-    hundreds of MB late in a test run."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile() as peak:
-        wrapped = [sys.executable, "-c", _PEAK_OF_GRANDCHILD, peak.name, *args]
-        run = subprocess.Popen(wrapped, stdout=out, stderr=err, preexec_fn=_limit_memory, start_new_session=True)
-        timer = threading.Timer(timeout, lambda: os.killpg(run.pid, signal.SIGKILL))
-        timer.start()
-        try:
-            run.wait()
-        finally:
-            timer.cancel()
-        err.seek(0)
-        return run.returncode, err.read().decode(), int(Path(peak.name).read_text() or 0)
-
-
-_PEAK_OF_GRANDCHILD = """
-import os, signal, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
-_, status, usage = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as peak:
-    peak.write(str(usage.ru_maxrss))
-if os.WIFSIGNALED(status):
-    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-    os.kill(os.getpid(), os.WTERMSIG(status))
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
 
 
 def test_reads_refuse_what_is_not_a_regular_file(tmp_path):

@@ -15,7 +15,7 @@ from catalog import fixture_named
 from ckpt_tool.engine.tasks import (
     channel_tasks,
     key_groups_of,
-    read_channels,
+    read_framed,
     read_whole_records,
     route_tasks,
     scan_batch,
@@ -103,7 +103,7 @@ def test_route_together_equals_route_upstream(name, new_parallelism):
                 except CkptError as exc:
                     expected = exc
                 new = RouteCounters()
-                framed = read_channels(reader, channels)
+                framed = read_framed(reader, channels)
                 downstreams = np.array([t.downstream_subtask for t in channels])
                 try:
                     got = route_together(framed, downstreams, spec, keys, new, upstream, channels[0].parallelism)

@@ -65,7 +65,7 @@ def test_blocks_read_together_and_scanned_apart_give_the_same_figures(fixture, m
     def unreadable(*_):
         raise tasks.CkptError("not read together")
 
-    monkeypatch.setattr(tasks, "read_rows", unreadable)
+    monkeypatch.setattr(tasks, "_read_rows", unreadable)
     assert scan(fixture, LocalEngine()) == expected
 
 

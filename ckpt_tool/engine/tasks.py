@@ -8,7 +8,7 @@ returns small figures.
 Engines run these in batches of a bounded byte budget (``Engine.map``/``map_batches`` with
 sizes), so that the number of engine tasks follows the bytes, not the number of channels; and
 the work of a batch follows its bytes too: its channels are read with one call per file, framed in
-one C pass and computed on with one NumPy pass (``read_channels``), falling back to the channel
+one C pass and computed on with one NumPy pass (``framed_blocks``), falling back to the channel
 by channel path only where that fails, which then names the channel and the element.
 
 - ``scan_batch``: the logical channels u -> d of a batch; their figures, as columns
@@ -29,7 +29,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, groupby
+from itertools import chain
 from typing import Any, Optional
 
 import numpy as np
@@ -149,87 +149,151 @@ SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads 
 ROUTED_DIGEST = 8
 
 
-def _blocks(tasks: list[ChannelTask]) -> list[list[ChannelTask]]:
-    """Consecutive runs of ``tasks`` of at most ``TOGETHER_BYTES`` (a larger channel alone)."""
-    return [tasks[start:stop] for start, stop in row_blocks([task.size for task in tasks], 0, TOGETHER_BYTES)]
-
-
 def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
     """``scan_channel`` of every channel of an engine task, as columns: the channels of each
-    exchange are read with one reader (each file mapped once), framed in one pass and scanned
-    with one NumPy pass over all their records. Where that fails (a corrupt channel, a record
-    that does not fit its type), the channels are scanned one by one, which raises the error that
-    names the channel and the element. A table of channels in local files is read from its columns
-    (no object per channel); other channels through their tasks."""
+    exchange are read ``READ_TOGETHER_BYTES`` at a time (``framed_blocks``), and scanned
+    ``TOGETHER_BYTES`` at a time with one NumPy pass over all their records. Where that fails (a
+    corrupt channel, a record that does not fit its type), the channels are scanned one by one,
+    which raises the error that names the channel and the element."""
     reuse_memory()
-    if isinstance(tasks, ChannelTable) and all_local(tasks):
-        return _scan_table(tasks, exchanges)
+    rows = BatchRows.of(tasks)
     parts = []
     with ChannelStateReader() as reader:
-        for _, same in groupby(tasks, key=lambda t: t.exchange_index):
-            for group in _blocks(list(same)):
-                exchange = exchanges[group[0].exchange_index]
-                try:
-                    parts.append(_scan_together(reader, group, exchange))
-                except CkptError:
-                    parts.append(ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in group]))
+        for block in framed_blocks(rows, reader):
+            exchange = exchanges[block.exchange_index]
+            max_parallelism, parallelism = rows.parallelisms(block.start)
+            for start, stop in _row_blocks(rows.size[block.start : block.stop], block.start, TOGETHER_BYTES):
+                scanned = None
+                if block.read is not None:
+                    framed, input_buffers, output_buffers = block.read
+                    a, b = start - block.start, stop - block.start
+                    try:
+                        scanned = _scan_framed(
+                            framed.part(a, b),
+                            exchange,
+                            block.exchange_index,
+                            rows.upstream[start:stop],
+                            rows.downstream[start:stop],
+                            input_buffers[a:b],
+                            output_buffers[a:b],
+                            max_parallelism,
+                            parallelism,
+                        )
+                    except CkptError:
+                        pass  # channel by channel, below
+                if scanned is None:
+                    channels = rows.tasks(start, stop)
+                    scanned = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels])
+                parts.append(scanned)
     return ScanColumns.concatenate(parts)
 
 
-def all_local(table: ChannelTable) -> bool:
+@dataclass(frozen=True)
+class BatchRows:
+    """The channels of an engine task (a table of them, or a list of tasks), with the columns a
+    pass over them needs: row i is channel i."""
+
+    channels: ChannelTable | list[ChannelTask]
+    exchange_index: np.ndarray
+    size: np.ndarray  # bytes of each channel's handles
+    upstream: np.ndarray  # int64
+    downstream: np.ndarray
+    local: bool  # a table whose files are all local ones: read from its columns (``_read_rows``)
+
+    @staticmethod
+    def of(channels: ChannelTable | list[ChannelTask]) -> BatchRows:
+        if isinstance(channels, ChannelTable):
+            return BatchRows(
+                channels,
+                channels.exchange_index,
+                channels.size,
+                channels.upstream.astype(np.int64),
+                channels.downstream.astype(np.int64),
+                _all_local(channels),
+            )
+        tasks = list(channels)
+
+        def column(name: str) -> np.ndarray:
+            return np.fromiter((getattr(t, name) for t in tasks), dtype=np.int64, count=len(tasks))
+
+        return BatchRows(
+            tasks, column("exchange_index"), column("size"), column("upstream_subtask"), column("downstream_subtask"), False
+        )
+
+    def tasks(self, start: int, stop: int) -> list[ChannelTask]:
+        channels = self.channels
+        return channels.tasks(start, stop) if isinstance(channels, ChannelTable) else channels[start:stop]
+
+    def parallelisms(self, row: int) -> tuple[int, int]:
+        """The max parallelism and the (downstream) parallelism of row ``row``'s exchange."""
+        channels = self.channels
+        if isinstance(channels, ChannelTable):
+            index = int(channels.exchange_index[row])
+            return int(channels.max_parallelism[index]), int(channels.parallelism[index])
+        return channels[row].max_parallelism, channels[row].parallelism
+
+    def read(self, reader: ChannelStateReader, start: int, stop: int) -> tuple[FramedChannels, np.ndarray, np.ndarray]:
+        """Rows ``start`` to ``stop`` read and framed together, with each one's input-side and
+        output-side buffers."""
+        if self.local:
+            assert isinstance(self.channels, ChannelTable)
+            return _read_rows(reader, self.channels, start, stop)
+        tasks = self.tasks(start, stop)
+        return (
+            _read_channels(reader, tasks),
+            np.fromiter((_buffers(t.inputs) for t in tasks), dtype=np.int64, count=len(tasks)),
+            np.fromiter((_buffers(t.outputs) for t in tasks), dtype=np.int64, count=len(tasks)),
+        )
+
+
+@dataclass(frozen=True)
+class FramedBlock:
+    """Rows ``start`` to ``stop`` of a batch, all of one exchange, and ``read`` of them
+    (``BatchRows.read``), or None where they did not read or frame together: then the caller
+    reads them channel by channel, which names the channel that does not read."""
+
+    exchange_index: int
+    start: int
+    stop: int
+    read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]]
+
+
+def framed_blocks(rows: BatchRows, reader: ChannelStateReader) -> Iterator[FramedBlock]:
+    """The rows of each exchange, ``READ_TOGETHER_BYTES`` at a time (a larger channel alone), each
+    block read and framed together: a table of channels in local files from its columns, each file
+    once per block; other channels through their tasks. What a scan, and ``ckpt records``, walk."""
+    index = rows.exchange_index
+    runs = np.flatnonzero(np.diff(index, prepend=-1)).tolist() + [len(index)] if len(index) else [0]
+    for run_start, run_stop in zip(runs[:-1], runs[1:]):
+        exchange_index = int(index[run_start])
+        for start, stop in _row_blocks(rows.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
+            try:
+                read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]] = rows.read(reader, start, stop)
+            except CkptError:
+                read = None
+            yield FramedBlock(exchange_index, start, stop, read)
+
+
+def read_framed(reader: ChannelStateReader, channels: ChannelTable | list[ChannelTask]) -> FramedChannels:
+    """Every channel, read and framed together."""
+    return BatchRows.of(channels).read(reader, 0, len(channels))[0]
+
+
+def _all_local(table: ChannelTable) -> bool:
     """Whether every file of the table is a local one (not inline data, not an object store's)."""
     return all(location is not None and inline is None and is_local(location) for location, inline, _, _ in table.files)
 
 
-def row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> list[tuple[int, int]]:
+def _row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> list[tuple[int, int]]:
     """Runs of consecutive rows (from ``start``, of these sizes) of at most ``limit`` bytes (a
     larger row alone), as (start, stop): ``plan_batches``, a search per run (p² rows at p=4,096)."""
     return [(start + run.start, start + run.stop) for run in plan_batches(sizes, limit)]
 
 
-def _scan_table(table: ChannelTable, exchanges: list[Exchange]) -> ScanColumns:
-    parts = []
-    index = table.exchange_index
-    runs = np.flatnonzero(np.diff(index, prepend=-1)).tolist() + [len(table)] if len(table) else [0]
-    with ChannelStateReader() as reader:
-        for run_start, run_stop in zip(runs[:-1], runs[1:]):
-            exchange_index = int(index[run_start])
-            exchange = exchanges[exchange_index]
-            for read_start, read_stop in row_blocks(table.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
-                try:
-                    read: Optional[tuple] = read_rows(reader, table, read_start, read_stop)
-                except CkptError:
-                    read = None  # each block channel by channel, which names what does not read
-                for start, stop in row_blocks(table.size[read_start:read_stop], read_start, TOGETHER_BYTES):
-                    scanned = None
-                    if read is not None:
-                        framed, input_buffers, output_buffers = read
-                        a, b = start - read_start, stop - read_start
-                        try:
-                            scanned = _scan_framed(
-                                framed.part(a, b),
-                                exchange,
-                                exchange_index,
-                                table.upstream[start:stop].astype(np.int64),
-                                table.downstream[start:stop].astype(np.int64),
-                                input_buffers[a:b],
-                                output_buffers[a:b],
-                                table.max_parallelism[exchange_index],
-                                table.parallelism[exchange_index],
-                            )
-                        except CkptError:
-                            pass  # channel by channel, below
-                    if scanned is None:
-                        channels = table.tasks(start, stop)
-                        scanned = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels])
-                    parts.append(scanned)
-    return ScanColumns.concatenate(parts)
-
-
-def read_rows(
+def _read_rows(
     reader: ChannelStateReader, table: ChannelTable, start: int, stop: int
 ) -> tuple[FramedChannels, np.ndarray, np.ndarray]:
-    """``read_channels`` of rows ``start`` to ``stop`` of a table whose files are local, from its
+    """``_read_channels`` of rows ``start`` to ``stop`` of a table whose files are local, from its
     columns: each file's buffers read with one call. Returns the framed channels and each
     channel's input-side and output-side buffers."""
     first = int(table.source_start[start])
@@ -270,7 +334,7 @@ def read_rows(
     return frame_joined(data, source_bounds[channel_first]), input_buffers, output_buffers
 
 
-def read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> FramedChannels:
+def _read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> FramedChannels:
     """The channels' stitched streams, framed together (``frame_channels``)."""
     sources = [source for task in tasks for source in task.inputs + task.outputs]
     data, sizes = reader.joined_payloads(sources)
@@ -281,21 +345,6 @@ def read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> Frame
     np.cumsum(per_channel, out=last_source[1:])
     bounds = source_bounds[last_source]
     return frame_joined(data, bounds)
-
-
-def _scan_together(reader: ChannelStateReader, tasks: list[ChannelTask], exchange: Exchange) -> ScanColumns:
-    first = tasks[0]
-    return _scan_framed(
-        read_channels(reader, tasks),
-        exchange,
-        first.exchange_index,
-        np.array([t.upstream_subtask for t in tasks], dtype=np.int64),
-        np.array([t.downstream_subtask for t in tasks], dtype=np.int64),
-        np.array([_buffers(t.inputs) for t in tasks], dtype=np.int64),
-        np.array([_buffers(t.outputs) for t in tasks], dtype=np.int64),
-        first.max_parallelism,
-        first.parallelism,
-    )
 
 
 def _scan_framed(
@@ -607,7 +656,7 @@ def route_task(
         if int(table.size[start:stop].sum()) > SMALL_CHANNEL * (stop - start):  # large channels: one by one is faster
             return None
         try:
-            mine = framed.part(start, stop) if framed else read_channels(reader, table.tasks(start, stop))
+            mine = framed.part(start, stop) if framed else _read_channels(reader, table.tasks(start, stop))
             if mine.trailing.any():
                 return None
             check_values(mine.records, spec.exchange, keys)
@@ -654,7 +703,7 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
     (named after the first task's, ``batch_file_name``): a new subtask's channels then lie in one
     file per batch (a few, by bytes), not one per channel (p of them, as Flink's restore and every
     read of the output would open). The channels of all the tasks are read first, each file once
-    (``read_rows`` from the tasks' tables joined, or ``joined_payloads``), so that files shared by
+    (``read_framed`` from the tasks' tables joined), so that files shared by
     the tasks are not opened again and again (a reader keeps at most MAX_OPEN_MAPS open)."""
     whole = ChannelTable.concatenate([task.channels for task in tasks])
     name = attempt_file_name(batch_file_name(tasks))
@@ -664,7 +713,7 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
         framed: Optional[FramedChannels] = None
         if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole):  # many small channels
             try:  # every file read once, its channels' buffers in one call, then each task routed from memory
-                framed = read_rows(reader, whole, 0, len(whole))[0] if all_local(whole) else read_channels(reader, list(whole))
+                framed = read_framed(reader, whole)
             except CkptError:  # each task reads its channels itself, and says which does not read
                 framed = None
 

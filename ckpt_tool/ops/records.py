@@ -21,24 +21,14 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import (
-    READ_TOGETHER_BYTES,
-    ChannelTable,
-    ChannelTask,
-    all_local,
-    channel_tasks,
-    read_channel,
-    read_channels,
-    read_rows,
-    row_blocks,
-)
+from ckpt_tool.engine.tasks import BatchRows, ChannelTable, ChannelTask, channel_tasks, framed_blocks, read_channel
 from ckpt_tool.errors import CkptError, naming
 from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
@@ -89,7 +79,7 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 held = 0
 
         current = None
-        for index, framed, upstream, downstream, parallelisms in _framed_blocks(channels, reader, context.labels):
+        for index, framed, upstream, downstream, parallelisms in _framed(BatchRows.of(channels), reader, context.labels):
             if index != current:
                 flush()  # a row group's records are of one exchange (the same columns)
                 current = index
@@ -130,69 +120,28 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 pending.append(columns)
                 held += count
                 rows += count
-            del records, framed  # the channels' bytes go before the next are read
+            del records, framed  # gone once the next block is read (the generators hold them till then)
         flush()
     return part, rows
 
 
-def _framed_blocks(
-    channels: ChannelTable | list[ChannelTask], reader: ChannelStateReader, labels: list[str]
+def _framed(
+    rows: BatchRows, reader: ChannelStateReader, labels: list[str]
 ) -> Iterator[tuple[int, FramedChannels, np.ndarray, np.ndarray, tuple[int, int]]]:
     """(exchange index, channels of it framed together, their upstream and downstream subtasks,
-    the exchange's max parallelism and downstream parallelism),
-    READ_TOGETHER_BYTES at a time (a larger channel alone): a table of channels in local files read
-    from its columns, each file once per block (``read_rows``), other channels through their tasks.
-    Where a block does not read or frame, its channels are read one by one, which raises the error
+    the exchange's max parallelism and downstream parallelism), a block of ``framed_blocks`` at a
+    time; where a block does not read or frame, its channels one by one, which raises the error
     that names the channel."""
-    if isinstance(channels, ChannelTable):
-        table = channels
-        exchange_index, sizes = table.exchange_index, table.size
-        upstream_all, downstream_all = table.upstream.astype(np.int64), table.downstream.astype(np.int64)
-        local = all_local(table)
-
-        def read(start: int, stop: int) -> FramedChannels:
-            return read_rows(reader, table, start, stop)[0] if local else read_channels(reader, table.tasks(start, stop))
-
-        def task(i: int) -> ChannelTask:
-            return table[i]
-
-        def parallelisms(index: int) -> tuple[int, int]:
-            return int(table.max_parallelism[index]), int(table.parallelism[index])
-
-    else:
-        tasks = list(channels)
-        exchange_index = np.array([t.exchange_index for t in tasks], dtype=np.int64)
-        sizes = np.array([t.size for t in tasks], dtype=np.int64)
-        upstream_all = np.array([t.upstream_subtask for t in tasks], dtype=np.int64)
-        downstream_all = np.array([t.downstream_subtask for t in tasks], dtype=np.int64)
-
-        def read(start: int, stop: int) -> FramedChannels:
-            return read_channels(reader, tasks[start:stop])
-
-        def task(i: int) -> ChannelTask:
-            return tasks[i]
-
-        first = {t.exchange_index: (t.max_parallelism, t.parallelism) for t in reversed(tasks)}
-
-        def parallelisms(index: int) -> tuple[int, int]:
-            return first[index]
-
-    runs = np.flatnonzero(np.diff(exchange_index, prepend=-1)).tolist() + [len(sizes)] if len(sizes) else [0]
-    for run_start, run_stop in zip(runs[:-1], runs[1:]):
-        index = int(exchange_index[run_start])
-        for start, stop in row_blocks(sizes[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
-            try:
-                framed: Optional[FramedChannels] = read(start, stop)
-            except CkptError:
-                framed = None  # channel by channel, which names what does not read
-            if framed is not None:
-                yield index, framed, upstream_all[start:stop], downstream_all[start:stop], parallelisms(index)
-                continue
-            for i in range(start, stop):
-                one = task(i)
-                with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
-                    records = read_channel(reader, one)
-                yield index, FramedChannels.of(records), upstream_all[i : i + 1], downstream_all[i : i + 1], parallelisms(index)
+    for block in framed_blocks(rows, reader):
+        index, start, stop = block.exchange_index, block.start, block.stop
+        parallelisms = rows.parallelisms(start)
+        if block.read is not None:
+            yield index, block.read[0], rows.upstream[start:stop], rows.downstream[start:stop], parallelisms
+            continue
+        for i, one in enumerate(rows.tasks(start, stop), start):
+            with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
+                records = read_channel(reader, one)
+            yield index, FramedChannels.of(records), rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms
 
 
 @dataclass
