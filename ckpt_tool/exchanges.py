@@ -188,13 +188,15 @@ def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exch
         engine.map_batches(lambda batch: scan_batch(batch, exchanges).figures_only(), tasks, progress, tasks.size)
     )
     # the rows are the tasks' rows, in order (as int32, whatever the table narrowed them to)
-    named = tuple(column.astype(np.int32) for column in (tasks.exchange_index, tasks.upstream, tasks.downstream))
+    named = tuple(column.astype(np.int32, copy=False) for column in (tasks.exchange_index, tasks.upstream, tasks.downstream))
     scans.columns = dict(zip(FIGURES[:3], named)) | {name: scans.columns[name] for name in FIGURES[3:]}
     suspects = suspects_of_holdings(scans)
+    holders: Holders = {}
+    if not suspects:  # no key group held where it does not belong: nothing held twice (p² rows spared)
+        return scans, holders
     wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number
     wanted = np.array([e * wide + u for e, u in suspects if u < wide], dtype=np.int64)
     again = tasks.take(np.isin(tasks.exchange_index.astype(np.int64) * wide + tasks.upstream, wanted))
-    holders: Holders = {}
     for s in engine.map(
         lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
         again,
