@@ -275,8 +275,13 @@ def framed_blocks(rows: BatchRows, reader: ChannelStateReader) -> Iterator[Frame
 
 
 def read_framed(reader: ChannelStateReader, channels: ChannelTable | list[ChannelTask]) -> FramedChannels:
-    """Every channel, read and framed together."""
-    return BatchRows.of(channels).read(reader, 0, len(channels))[0]
+    """Every channel, read and framed together (the framing only: not each channel's buffers, nor
+    the subtask columns of ``BatchRows``)."""
+    if isinstance(channels, ChannelTable):
+        if _all_local(channels):
+            return _read_rows(reader, channels, 0, len(channels), buffers=False)[0]
+        channels = channels.tasks(0, len(channels))
+    return _read_channels(reader, channels)
 
 
 def _all_local(table: ChannelTable) -> bool:
@@ -291,11 +296,11 @@ def _row_blocks(sizes: Sequence[int] | np.ndarray, start: int, limit: int) -> li
 
 
 def _read_rows(
-    reader: ChannelStateReader, table: ChannelTable, start: int, stop: int
+    reader: ChannelStateReader, table: ChannelTable, start: int, stop: int, buffers: bool = True
 ) -> tuple[FramedChannels, np.ndarray, np.ndarray]:
     """``_read_channels`` of rows ``start`` to ``stop`` of a table whose files are local, from its
     columns: each file's buffers read with one call. Returns the framed channels and each
-    channel's input-side and output-side buffers."""
+    channel's input-side and output-side buffers (empty arrays where not ``buffers``)."""
     first = int(table.source_start[start])
     last = int(table.source_start[stop - 1]) + int(table.inputs[stop - 1]) + int(table.outputs[stop - 1])
     source_file = table.source_file[first:last]
@@ -327,11 +332,14 @@ def _read_rows(
     per_channel = table.inputs[start:stop].astype(np.int64) + table.outputs[start:stop]
     channel_first = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(per_channel, out=channel_first[1:])
+    framed = frame_joined(data, source_bounds[channel_first])
+    if not buffers:
+        return framed, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     channel_of_source = np.repeat(np.arange(rows), per_channel)
     is_input = np.arange(last - first) - channel_first[:-1][channel_of_source] < table.inputs[start:stop][channel_of_source]
     input_buffers = np.bincount(channel_of_source, weights=counts * is_input, minlength=rows).astype(np.int64)
     output_buffers = np.bincount(channel_of_source, weights=counts * ~is_input, minlength=rows).astype(np.int64)
-    return frame_joined(data, source_bounds[channel_first]), input_buffers, output_buffers
+    return framed, input_buffers, output_buffers
 
 
 def _read_channels(reader: ChannelStateReader, tasks: list[ChannelTask]) -> FramedChannels:
