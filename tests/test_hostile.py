@@ -111,6 +111,32 @@ def test_handle_paths_leading_out_are_refused(ckpt, tmp_path, attack, command):
     assert tree(tmp_path) == before and not (tmp_path / "dst").exists()
 
 
+@pytest.mark.parametrize("command", ["inspect", "rescale"])
+@pytest.mark.parametrize("kind", ["relative", "absolute"])
+def test_a_path_holding_a_nul_is_refused_as_the_metadata_is_read(ckpt, tmp_path, kind, command):
+    """Java reads a NUL in a path (Flink's restore then fails to open the file); ckpt refuses the
+    metadata with one line, before any path is resolved (it had been an internal error)."""
+    checkpoint = copy_job(tmp_path)
+
+    def change(handle):
+        if kind == "relative":
+            handle.relative_path = handle.relative_path[:3] + "\x00" + handle.relative_path[4:]
+
+    name = rewrite_metadata(checkpoint, change)
+    if kind == "absolute":
+        metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+        for op in metadata.operators:
+            for s in op.subtasks:
+                for h in s.input_channels + s.output_channels:
+                    if isinstance(h.delegate, RelativeFileHandle) and h.delegate.relative_path == name:
+                        h.delegate = FileHandle(f"file:{checkpoint}/\x00{name}", h.delegate.size)
+        (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    before = tree(tmp_path)
+    code, _, err = ckpt(*COMMANDS[command](checkpoint, tmp_path / "dst" / "chk-1"))
+    one_line_error(code, err, "path holds a NUL character, which no file's name can")
+    assert tree(tmp_path) == before and not (tmp_path / "dst").exists()
+
+
 def test_s3_keys_leading_out_are_refused(ckpt, tmp_path, s3_endpoint):
     """From S3, an object key with ``..`` in a handle is refused before anything is read or written."""
     import boto3

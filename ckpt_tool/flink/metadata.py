@@ -263,19 +263,19 @@ class _MetadataReader:
             return None
         if tag == FILE_STREAM:
             size = r.i64("file size")
-            return FileHandle(r.utf("file path"), size)
+            return FileHandle(self.file_path("file path"), size)
         if tag == BYTE_STREAM:
             name = r.utf("handle name")
             return ByteStreamHandle(name, r.raw(r.count("inline state length"), "inline state"))
         if tag == RELATIVE_STREAM:
-            path = r.utf("relative path")
+            path = self.file_path("relative path")
             return RelativeFileHandle(path, r.i64("file size"))
         if tag == KEY_GROUPS:
             start, offsets = self.key_group_offsets()
             return KeyGroupsHandle(KEY_GROUPS, start, offsets, self.nested(self.stream_handle))
         if tag == SEGMENT_FILE:
             start, size, scope = r.i64("segment start"), r.i64("segment size"), r.i32("segment scope")
-            return SegmentFileHandle(start, size, scope, r.utf("segment file path"), r.utf("logical file id"))
+            return SegmentFileHandle(start, size, scope, self.file_path("segment file path"), r.utf("logical file id"))
         if tag == EMPTY_SEGMENT_FILE:
             return EmptySegmentFileHandle()
         self.unknown("stream state handle", tag, at)
@@ -300,7 +300,7 @@ class _MetadataReader:
         known = self._files.get(raw)
         if known is None:
             path = raw[start - at + 2 : start - at + 2 + length]
-            if not path.isascii():
+            if not path.isascii() or 0 in path:  # a NUL: refused by ``file_path``
                 return None
             size = _LONG.unpack_from(data, at + 1 if tag == FILE_STREAM else end - 8)[0]
             if size < 0:
@@ -309,6 +309,15 @@ class _MetadataReader:
             self._files[raw] = known
         r.pos = end
         return known
+
+    def file_path(self, what: str) -> str:
+        """A file's path or name: refused where it holds a NUL character, which no file's name can
+        (Java reads it; Flink's restore then fails to open the file)."""
+        at = self.r.pos
+        path = self.r.utf(what)
+        if "\x00" in path:
+            self.r.fail(f"{what} holds a NUL character, which no file's name can", at=at)
+        return path
 
     def key_range(self) -> tuple[int, int]:
         return self.r.i32("start key group"), self.r.i32("number of key groups")
