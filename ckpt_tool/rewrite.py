@@ -39,6 +39,7 @@ from ckpt_tool.engine.tasks import (
 from ckpt_tool.errors import EXIT_INTERNAL, CkptError
 from ckpt_tool.exchanges import ExchangeScan, scan_exchanges
 from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.key_groups import refuse_misplaced_key_groups
 from ckpt_tool.flink.metadata import channel_handle_form
 from ckpt_tool.flink.model import (
     INPUT,
@@ -245,6 +246,7 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
     ckpt must not write to is refused before the engine starts."""
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst, session.checkpoint.uri)
+    refuse_misplaced_key_groups(session.checkpoint)  # the state it copies would not restore
     if dry_run:
         return _rewrite(session, dst, plan, None)
     session.start_engine()  # Spark starts in the background while the driver reassigns state

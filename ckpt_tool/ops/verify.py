@@ -26,6 +26,7 @@ from ckpt_tool.flink.changelog import changelog_handles, read_change_set
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.finished import finished_state_problem
+from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.model import (
     INPUT,
     OUTPUT,
@@ -331,6 +332,15 @@ def check_changelog(cp: Checkpoint, files_ok: bool) -> CheckResult:
     return result
 
 
+def check_key_groups(cp: Checkpoint, files_ok: bool) -> CheckResult:
+    """Each key group of keyed state where its handle says, as Flink's restore reads it
+    (``key_group_problems``)."""
+    result = CheckResult("key-group-offsets", "keyed state: each key group where its handle says, as Flink's restore reads it")
+    for operator, subtask, message in key_group_problems(cp, read_files=files_ok):
+        result.problems.append(Problem("key-group-offsets", message, operator, subtask))
+    return result
+
+
 def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
         "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
@@ -443,6 +453,7 @@ def verify(
         files,
         *check_channel_state(cp, not files.problems),
         check_changelog(cp, not files.problems),
+        check_key_groups(cp, not files.problems),
         *check_parallelism_and_finished(cp, session.plan),
     ]
     usable = not any(c.problems for c in checks if c.unusable)

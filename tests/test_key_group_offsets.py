@@ -1,0 +1,116 @@
+"""A key group that is not where its keyed-state handle says: ``verify`` names it, ``rescale`` and
+``repair`` refuse before writing, with the reason Flink's restore fails with (which real Flink
+shows here). Found by restoring with Flink what ckpt had rescaled from randomly mutated metadata:
+an offset past the state had given exit 0 and an output Flink would not restore."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import flink_env
+from catalog import fixture_named
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.key_groups import key_group_problems
+from ckpt_tool.flink.metadata import read_metadata, write_metadata
+from ckpt_tool.flink.model import KeyGroupsHandle
+from ckpt_tool.writer import write_checkpoint
+
+SLOW_COUNT = "slow-count"
+FIXTURES = {  # where the hashmap backend's key groups are: inline in _metadata, a file, a file merging segment
+    "inline": "flink23-hashmap-p2",
+    "file": "flink23-maxp32768-p2",
+    "segment": "flink23-filemerging-hashmap-p2",
+}
+
+
+def keyed_handle(metadata, operator: str = SLOW_COUNT, subtask: int = 0) -> KeyGroupsHandle:
+    op = next(o for o in metadata.operators if o.name and operator in o.name)
+    handle = next(s for s in op.subtasks if s.index == subtask).managed_keyed
+    assert isinstance(handle, KeyGroupsHandle)
+    return handle
+
+
+def swap_first_two(handle: KeyGroupsHandle) -> str:
+    handle.offsets[0], handle.offsets[1] = handle.offsets[1], handle.offsets[0]
+    first = handle.start_key_group
+    return f"key group {first} starts at byte {handle.offsets[0]}, where the state holds key group {first + 1}'s id"
+
+
+def past_the_end(handle: KeyGroupsHandle) -> str:
+    size = handle.delegate.size
+    handle.offsets[-1] = size + 10
+    return f"key group {handle.key_groups[-1]} starts at byte {size + 10}, outside its state's {size} bytes"
+
+
+FAULTS = {"swapped": swap_first_two, "past-the-end": past_the_end}
+
+
+def faulty_copy(tmp_path: Path, name: str, fault) -> tuple[Path, str, object]:
+    fixture = fixture_named(name)
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    expected = fault(keyed_handle(metadata))
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    return checkpoint, expected, fixture
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("where", list(FIXTURES))
+def test_verify_names_the_key_group_and_rescale_refuses(ckpt, tmp_path, where, fault):
+    checkpoint, expected, fixture = faulty_copy(tmp_path, FIXTURES[where], FAULTS[fault])
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["status"] == "problems"
+    (problem,) = [p for p in report["problems"] if p["check"] == "key-group-offsets"]
+    flink_says = {"swapped": " (Flink: Unexpected key-group in restore.)", "past-the-end": " (Flink: position out of bounds)"}
+    said = flink_says[fault] if fault == "swapped" or where == "inline" else ""  # a file's end: Flink's EOFException
+    assert problem["message"] == "managed keyed state: " + expected + said
+    assert SLOW_COUNT in problem["operator"] and problem["subtask"] == 0
+    assert [c["status"] for c in report["checks"] if c["name"] != "key-group-offsets"].count("failed") == 0  # nothing else
+    destination = tmp_path / "out" / "chk-1"
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    for command in (["rescale", checkpoint, destination, "-p", "3"], ["repair", checkpoint, destination]):
+        code, _, err = ckpt(*command, *inputs)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert expected in err and "Flink's restore would fail on it: refused" in err, err
+        assert not destination.parent.exists()
+
+
+def test_offsets_flink_reads_without_an_id_are_only_bounded(tmp_path):
+    """A canonical savepoint writes no id at a key group's offset, and 0 marks an empty key group
+    (``FullSnapshotRestoreOperation``): swapped or zeroed offsets inside the data are not
+    flagged, one past it is."""
+    fixture = fixture_named("flink23-savepoint-canonical-p2")
+    source = Checkpoint.open(str(fixture.checkpoint))
+    handle = keyed_handle(source.metadata)
+    assert handle.tag == 7
+    swap_first_two(handle)
+    handle.offsets[2] = 0
+    assert list(key_group_problems(source)) == []
+    expected = past_the_end(handle)
+    ((operator, subtask, message),) = key_group_problems(source)
+    assert SLOW_COUNT in operator and subtask == 0 and message == "managed keyed state: " + expected
+
+
+@pytest.mark.flink
+def test_flink_refuses_what_ckpt_refuses(ckpt, tmp_path):
+    """Real Flink fails to restore a checkpoint whose key groups are swapped, with the reason ckpt gives."""
+    fixture = fixture_named(FIXTURES["inline"])
+    source = Checkpoint.open(str(fixture.checkpoint))
+    metadata = copy.deepcopy(source.metadata)
+    expected = swap_first_two(keyed_handle(metadata))
+    checkpoint = tmp_path / "job" / fixture.checkpoint.name
+    write_checkpoint(source, metadata, str(checkpoint), {})
+    info = fixture.info
+    with pytest.raises(RuntimeError, match="Unexpected key-group in restore"):
+        flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema]
+    code, _, err = ckpt("rescale", checkpoint, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
+    assert code == 2 and expected in err and "Unexpected key-group in restore" in err, err
