@@ -73,6 +73,16 @@ def test_rescaled_checkpoints_restore_with_exact_count(base, steps, tmp_path, sp
     assert tree_digest(fixture.directory) == before_tree, "the input checkpoint was modified"
 
 
+@pytest.mark.flink
+def test_flink_1_20_3_cannot_rescale_the_checkpoint_ckpt_rescales():
+    """What the README says of Flink 1.20.3: restored as it is at another parallelism, the fixture
+    fails (its rescale by ckpt restores, above, in the same Flink)."""
+    fixture = next(f for f in BASES if f.name == "flink120-hashmap-p2")
+    assert fixture.info["flink_version"] == "1.20.3"
+    with pytest.raises(RuntimeError, match="Cannot get old subtasks from a descriptor that represents no state"):
+        flink_env.restore_count("1.20.3", fixture.checkpoint, 3, backend=fixture.info["backend"], timeout=300)
+
+
 def test_repeated_rescales_keep_inflation_at_one(tmp_path, record_multiset):
     fixture = BASES[0]
     before = record_multiset(session_of(fixture.checkpoint, fixture, LocalEngine()))
