@@ -463,7 +463,8 @@ def keyed_cases(count: int, seed: int) -> list[Case]:
 def test_seeded_mutations_of_java_serialized_parts_are_bounded(tmp_path):
     """At least 500 mutated ``_metadata`` files (CheckpointProperties, key serializer snapshots):
     every ``inspect`` and ``verify`` gives exit 0 or one line and exit 2, within the case budget
-    and the memory limit."""
+    and the memory limit; ``verify`` may also find problems (exit 1): a snapshot made longer or
+    shorter moves the key groups after it from where their handle says (``key-group-offsets``)."""
     cases = property_cases(PROPERTY_MUTATIONS, seed=26) + keyed_cases(KEYED_MUTATIONS, seed=2626)
     assert len(cases) >= 500
     parsed = {"read": 0, "refused": 0}  # ckpt swallows an unreadable key serializer (the check is skipped): count here
@@ -480,7 +481,7 @@ def test_seeded_mutations_of_java_serialized_parts_are_bounded(tmp_path):
     failures = []
     for outcome in outcomes:
         try:
-            assert_bounded(outcome)
+            assert_bounded(outcome, (0, 1, 2) if outcome.command[0] == "verify" else (0, 2))
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     assert not failures, f"{len(failures)} of {len(outcomes)} runs were not bounded: " + "\n".join(failures[:20])

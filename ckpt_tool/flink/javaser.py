@@ -38,6 +38,23 @@ SC_WRITE_METHOD = 0x01
 PRIMITIVES = {"B": "i8", "Z": "boolean", "I": "i32", "J": "i64", "S": "short", "C": "char", "F": "float", "D": "double"}
 CHECKPOINT_PROPERTIES = "org.apache.flink.runtime.checkpoint.CheckpointProperties"
 
+# The classes Flink 1.16 to 2.3 write in CheckpointProperties, with their serialVersionUIDs (an
+# enum's is always 0), and the constants of its enums (Flink's sources; the same in every version)
+FLINK_CLASSES = {
+    CHECKPOINT_PROPERTIES: 2,
+    "org.apache.flink.runtime.checkpoint.CheckpointType": struct.unpack(">q", bytes.fromhex("d6de4f0305ae1d3a"))[0],
+    "org.apache.flink.runtime.checkpoint.SavepointType": struct.unpack(">q", bytes.fromhex("a087d308a45814b8"))[0],
+    "java.lang.Enum": 0,
+    "org.apache.flink.runtime.checkpoint.SnapshotType$SharingFilesStrategy": 0,
+    "org.apache.flink.runtime.checkpoint.SavepointType$PostCheckpointAction": 0,
+    "org.apache.flink.core.execution.SavepointFormatType": 0,
+}
+FLINK_ENUMS = {
+    "org.apache.flink.runtime.checkpoint.SnapshotType$SharingFilesStrategy": ("FORWARD_BACKWARD", "FORWARD", "NO_SHARING"),
+    "org.apache.flink.runtime.checkpoint.SavepointType$PostCheckpointAction": ("NONE", "SUSPEND", "TERMINATE"),
+    "org.apache.flink.core.execution.SavepointFormatType": ("CANONICAL", "NATIVE"),
+}
+
 # Flink's CheckpointProperties: 3 levels, about 12 handles, about 250 expanded values.
 MAX_DEPTH = 32
 MAX_HANDLES = 1024
@@ -73,6 +90,8 @@ class _Reader:
         self.handles: list[object] = []
         self.sizes: dict[int, int] = {}  # id() of a decoded object -> its expanded size
         self.depth = 0
+        self.classes: list[tuple[str, int, int]] = []  # (name, serialVersionUID, at) of each class description
+        self.constants: list[tuple[str, str, int]] = []  # (enum class, constant, at) of each enum value
 
     def fail(self, message: str, at: int | None = None) -> NoReturn:
         self.r.fail(f"{self.what}: {message}" if self.what else message, at)
@@ -141,8 +160,9 @@ class _Reader:
         return value
 
     def class_desc_body(self) -> _ClassDesc:
+        at = self.r.pos
         name = self.r.utf("class name")
-        self.r.i64("serialVersionUID")
+        self.classes.append((name, self.r.i64("serialVersionUID"), at))
         slot = self.new_handle(_UNFINISHED)
         flags = self.r.u8("class flags")
         fields = []
@@ -170,13 +190,15 @@ class _Reader:
 
     def enum_body(self) -> str:
         at = self.r.pos
-        if self.class_desc("an enum's class") is None:
+        desc = self.class_desc("an enum's class")
+        if desc is None:
             self.fail("an enum without a class description", at)
         slot = self.new_handle(_UNFINISHED)
         at = self.r.pos
         constant = self.content()
         if not isinstance(constant, str):
             self.fail(f"an enum constant's name is {describe(constant)}, not a String", at)
+        self.constants.append((desc.name, constant, at))
         self.handles[slot] = constant
         return constant
 
@@ -249,7 +271,8 @@ def read_checkpoint_properties(reader: JavaReader) -> dict:
     what = "checkpoint properties"
     _header(reader, what)
     at = reader.pos
-    value = _Reader(reader, what).content()
+    decoder = _Reader(reader, what)
+    value = decoder.content()
     if not isinstance(value, dict) or value["class"] != CHECKPOINT_PROPERTIES:
         reader.fail(f"{what} are {describe(value)}, not a {CHECKPOINT_PROPERTIES}", at)
     snapshot_type = value.get("checkpointType")
@@ -258,4 +281,22 @@ def read_checkpoint_properties(reader: JavaReader) -> dict:
     for name in ("name", "sharingFilesStrategy", "formatType", "postCheckpointAction"):
         if not isinstance(snapshot_type.get(name), (str, type(None))):
             reader.fail(f"{what}: checkpointType.{name} is {describe(snapshot_type[name])}, not a String", at)
+    _check_flink_classes(decoder)
     return value
+
+
+def _check_flink_classes(decoder: _Reader) -> None:
+    """Each class and enum constant of the properties one Flink has, as its ``ObjectInputStream``
+    resolves them: an unknown class fails the restore (``ClassNotFoundException``), so does another
+    serialVersionUID (``InvalidClassException``; an enum's is 0) and an unknown constant
+    (``Enum.valueOf``)."""
+    for name, uid, at in decoder.classes:
+        if name not in FLINK_CLASSES:
+            decoder.fail(f"class {name}, which Flink does not have (Flink: ClassNotFoundException)", at)
+        if uid != FLINK_CLASSES[name]:
+            decoder.fail(
+                f"class {name} with serialVersionUID {uid}, not Flink's {FLINK_CLASSES[name]} (Flink: InvalidClassException)", at
+            )
+    for name, constant, at in decoder.constants:
+        if constant not in FLINK_ENUMS.get(name, ()):
+            decoder.fail(f"No enum constant {name.replace('$', '.')}.{constant} (Flink's words)", at)

@@ -1,12 +1,17 @@
-"""A key group that is not where its keyed-state handle says: ``verify`` names it, ``rescale`` and
-``repair`` refuse before writing, with the reason Flink's restore fails with (which real Flink
-shows here). Found by restoring with Flink what ckpt had rescaled from randomly mutated metadata:
-an offset past the state had given exit 0 and an output Flink would not restore."""
+"""Checkpoints Flink's restore fails on, which ckpt refuses with Flink's reason (real Flink shows it
+here). Found by restoring in Flink what ckpt had rescaled from randomly mutated metadata
+(tests/flink_fuzz.py), where ckpt had given exit 0:
+
+- a key group that is not where its keyed-state handle says: ``verify`` names it, ``rescale`` and
+  ``repair`` refuse before writing;
+- checkpoint properties naming a class, serialVersionUID or enum constant Flink does not have:
+  refused as the metadata is read, as Flink's loader fails on them."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +19,7 @@ import pytest
 
 import flink_env
 from catalog import fixture_named
+from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.metadata import read_metadata, write_metadata
@@ -114,3 +120,68 @@ def test_flink_refuses_what_ckpt_refuses(ckpt, tmp_path):
     inputs = ["--plan", fixture.plan, "--schema", fixture.schema]
     code, _, err = ckpt("rescale", checkpoint, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
     assert code == 2 and expected in err and "Unexpected key-group in restore" in err, err
+
+
+PROPERTY_FAULTS = {  # (fixture, bytes of the properties, their replacement, ckpt's message)
+    "enum-constant": (
+        "flink23-hashmap-p2",
+        b"FORWARD_BACKWARD",
+        b"FORwARD_BACKWARD",
+        "No enum constant org.apache.flink.runtime.checkpoint.SnapshotType.SharingFilesStrategy.FORwARD_BACKWARD",
+    ),
+    "savepoint-enum-constant": (
+        "flink23-savepoint-canonical-p2",
+        b"\x00\x04NONE",
+        b"\x00\x04NONF",
+        "No enum constant org.apache.flink.runtime.checkpoint.SavepointType.PostCheckpointAction.NONF",
+    ),
+    "class": (
+        "flink23-savepoint-canonical-p2",
+        b"checkpoint.SavepointType\xa0",
+        b"checkpoint.SavepointTypf\xa0",
+        "class org.apache.flink.runtime.checkpoint.SavepointTypf, which Flink does not have (Flink: ClassNotFoundException)",
+    ),
+    "serial-version": (
+        "flink23-hashmap-p2",
+        bytes.fromhex("d6de4f0305ae1d3a"),
+        bytes.fromhex("d6de4f0305ae1d3b"),
+        "class org.apache.flink.runtime.checkpoint.CheckpointType with serialVersionUID -2963844630364414661,"
+        " not Flink's -2963844630364414662 (Flink: InvalidClassException)",
+    ),
+}
+
+
+def with_properties_changed(name: str, before: bytes, after: bytes) -> bytes:
+    data = fixture_named(name).metadata_file.read_bytes()
+    properties = read_metadata(data).properties
+    assert properties is not None and data.endswith(properties) and properties.count(before) == 1
+    return data[: -len(properties)] + properties.replace(before, after)
+
+
+@pytest.mark.parametrize("fault", list(PROPERTY_FAULTS))
+def test_properties_flink_cannot_read_are_refused(ckpt, tmp_path, fault):
+    name, before, after, message = PROPERTY_FAULTS[fault]
+    with pytest.raises(CheckpointFormatError, match=re.escape(message)):
+        read_metadata(with_properties_changed(name, before, after))
+    fixture = fixture_named(name)
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    (job / fixture.checkpoint.name / "_metadata").write_bytes(with_properties_changed(name, before, after))
+    code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.flink
+def test_flink_fails_on_the_enum_constant_ckpt_refuses(tmp_path):
+    name, before, after, _ = PROPERTY_FAULTS["enum-constant"]
+    fixture = fixture_named(name)
+    source = Checkpoint.open(str(fixture.checkpoint))
+    checkpoint = tmp_path / "job" / fixture.checkpoint.name
+    write_checkpoint(source, copy.deepcopy(source.metadata), str(checkpoint), {})  # where Flink reads it as it is
+    metadata = checkpoint / "_metadata"
+    properties = source.metadata.properties
+    assert properties is not None
+    metadata.write_bytes(metadata.read_bytes()[: -len(properties)] + properties.replace(before, after))
+    info = fixture.info
+    with pytest.raises(RuntimeError, match=r"No enum constant .*SharingFilesStrategy\.FORwARD_BACKWARD"):
+        flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)

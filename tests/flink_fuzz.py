@@ -1,0 +1,123 @@
+"""A fuzz campaign judged by real Flink: "exit 0 means Flink will restore it", tried on corrupt input.
+
+Each case mutates the fixture's ``_metadata`` (``test_fuzz.mutate``: a bit, a byte, a cut, junk, a
+large int) in a copy of its job directory. Where ckpt reads the result, ``ckpt rescale -p 3`` runs
+on it; where that exits 0, the fixture's Flink version restores both the mutated input (Flink
+rescaling it itself) and ckpt's output at parallelism 3. A case is
+
+- ``OK``: both restore, with the same count (a mutation Flink and ckpt both carry along);
+- ``SAME-FAIL``: both fail with the same reason: ckpt gave exit 0 on a checkpoint Flink refuses;
+- ``DIFF``: they differ (Flink's own rescale of the input may fail where ckpt's succeeds).
+
+Mutations inside inline keyed-state bytes are skipped: Flink's format has no checksum, and ckpt
+does not decode the state's values, so such a corruption is found by Flink's restore only.
+
+    python tests/flink_fuzz.py flink23-hashmap-p2 --seed 1 --cases 10
+
+Found so far (2026-11-28): a path holding a NUL (an internal error), a key group's offset past its
+state (exit 0; now the ``key-group-offsets`` check and a refusal), a chained operator's id altered
+(exit 0: the JSON plan names chained operators, not their ids; Flink refuses the mixed finished
+state), and Flink 1.20.3 failing to rescale its own checkpoints (README, "Flink versions").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "fixtures")]
+
+import generate  # noqa: E402
+from test_fuzz import mutate  # noqa: E402
+
+import flink_env  # noqa: E402
+from catalog import COUNTJOB_SCHEMA, fixture_named  # noqa: E402
+from ckpt_tool.errors import CkptError  # noqa: E402
+from ckpt_tool.flink.metadata import read_metadata  # noqa: E402
+
+CKPT = Path(sys.executable).parent / "ckpt"
+
+
+def changed_fields(before, after, path: str = "metadata") -> list[str]:
+    """Where two parsed metadata differ, as attribute paths."""
+    if type(before) is not type(after):
+        return [path]
+    if isinstance(before, (list, tuple)):
+        if len(before) != len(after):
+            return [path]
+        return [p for i, (a, b) in enumerate(zip(before, after)) for p in changed_fields(a, b, f"{path}[{i}]")]
+    if hasattr(before, "__dict__"):
+        return [p for name in vars(before) for p in changed_fields(getattr(before, name), getattr(after, name), f"{path}.{name}")]
+    try:
+        same = before == after
+        same = bool(same.all()) if hasattr(same, "all") else bool(same)
+    except (ValueError, TypeError):
+        same = False
+    return [] if same else [path]
+
+
+def restore(version: str, checkpoint: Path, backend: str) -> str:
+    try:
+        return str(flink_env.restore_count(version, checkpoint, 3, backend=backend, timeout=300))
+    except RuntimeError as exc:
+        causes = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("Caused by")]
+        return "FAIL " + (causes[-1] if causes else str(exc).strip().splitlines()[-1])[:200]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("fixture")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cases", type=int, default=10, help="cases ckpt rescales with exit 0, each restored twice")
+    parser.add_argument("--tries", type=int, default=600, help="mutations at most")
+    args = parser.parse_args()
+    fixture = fixture_named(args.fixture)
+    info = fixture.info
+    staged = generate.stage_fixture(args.fixture)  # where Flink wrote it: its metadata may hold absolute paths
+    original = (staged / "_metadata").read_bytes()
+    parsed = read_metadata(original)
+    inputs = ["--plan", str(fixture.plan), "--schema", str(COUNTJOB_SCHEMA), "--engine", "local"]
+    rng = random.Random(args.seed)
+    found = tried = 0
+    tally: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="ckpt-flink-fuzz-") as work:
+        while found < args.cases and tried < args.tries:
+            tried += 1
+            data = mutate(original, rng)
+            try:
+                fields = changed_fields(parsed, read_metadata(data))
+            except CkptError:
+                continue
+            if not fields or all("keyed" in f and f.endswith(".data") for f in fields):
+                continue
+            case = Path(work) / str(tried)
+            shutil.copytree(staged.parent, case / "in", copy_function=os.link)
+            source = case / "in" / staged.name
+            (source / "_metadata").unlink()
+            (source / "_metadata").write_bytes(data)
+            output = case / "out" / "chk-1"
+            run = subprocess.run([CKPT, "rescale", source, output, "-p", "3", *inputs], capture_output=True, text=True)
+            if run.returncode == 0:
+                found += 1
+                native = restore(info["flink_version"], source, info["backend"])
+                ckpt = restore(info["flink_version"], output, info["backend"])
+                kind = ("OK" if not native.startswith("FAIL") else "SAME-FAIL") if native == ckpt else "DIFF"
+                tally[kind] = tally.get(kind, 0) + 1
+                print(f"{kind} case {tried}: {', '.join(fields[:2])}")
+                print(f"  Flink's own rescale: {native}\n  ckpt's rescale:      {ckpt}")
+            else:
+                tally["refused"] = tally.get("refused", 0) + 1
+            shutil.rmtree(case)
+    print(f"{args.fixture}: {tried} mutations, " + ", ".join(f"{v} {k}" for k, v in sorted(tally.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
