@@ -89,20 +89,28 @@ def test_verify_names_the_key_group_and_rescale_refuses(ckpt, tmp_path, where, f
         assert not destination.parent.exists()
 
 
-def test_offsets_flink_reads_without_an_id_are_only_bounded(tmp_path):
+def test_offsets_flink_reads_without_an_id_are_bounded_and_in_order(tmp_path):
     """A canonical savepoint writes no id at a key group's offset, and 0 marks an empty key group
-    (``FullSnapshotRestoreOperation``): swapped or zeroed offsets inside the data are not
-    flagged, one past it is."""
+    (``FullSnapshotRestoreOperation``): a zeroed offset is not flagged; one past the data is, and
+    so is one before the key group ahead of it (where Flink ran out of memory or hit the end of
+    the file reading what it took for a key group)."""
     fixture = fixture_named("flink23-savepoint-canonical-p2")
     source = Checkpoint.open(str(fixture.checkpoint))
     handle = keyed_handle(source.metadata)
-    assert handle.tag == 7
-    swap_first_two(handle)
-    handle.offsets[2] = 0
+    written = [i for i, offset in enumerate(handle.offsets) if offset]  # 0: an empty key group
+    assert handle.tag == 7 and len(written) > 3 and 0 in handle.offsets
+    assert [handle.offsets[i] for i in written] == sorted(handle.offsets[i] for i in written)
+    handle.offsets[written[0]] = 0
     assert list(key_group_problems(source)) == []
+    behind = written[2]
+    handle.offsets[behind] = handle.offsets[written[1]] - 1
+    ((operator, subtask, message),) = key_group_problems(source)
+    assert SLOW_COUNT in operator and subtask == 0
+    assert message.startswith(f"managed keyed state: key group {handle.start_key_group + behind} starts at byte")
+    assert "before the key group ahead of it" in message
     expected = past_the_end(handle)
     ((operator, subtask, message),) = key_group_problems(source)
-    assert SLOW_COUNT in operator and subtask == 0 and message == "managed keyed state: " + expected
+    assert message == "managed keyed state: " + expected
 
 
 @pytest.mark.flink

@@ -8,7 +8,8 @@ group's offset and reads the key group's id there: a different id fails the rest
 bounds" for inline state, end of file for a file). A canonical savepoint
 (``FullSnapshotRestoreOperation``) writes no id and marks an empty key group with offset 0, and
 raw keyed state holds the operator's own bytes (an empty last key group may start at its end):
-for those only the offsets are checked, each inside the data. So is a handle of Flink 1.14 and
+for those the offsets are checked to lie inside the data, and a backend's (not raw state) to be
+in key-group order, as every backend writes them (0 aside). So is a handle of Flink 1.14 and
 before (no id), which a RocksDB full checkpoint wrote in the canonical format.
 
 ``ckpt verify`` reports what this finds; ``rescale`` and ``repair`` refuse it before writing.
@@ -47,7 +48,7 @@ def key_group_problems(checkpoint: Checkpoint, read_files: bool = True) -> Itera
                 for handle in _key_groups_handles(keyed):
                     try:
                         with_ids = kind == "managed" and handle.tag == KEY_GROUPS_V2
-                        message = _problem(checkpoint, handle, with_ids, read_files)
+                        message = _problem(checkpoint, handle, kind == "managed", with_ids, read_files)
                     except CkptError:
                         continue
                     if message:
@@ -68,7 +69,11 @@ def _key_groups_handles(keyed) -> list[KeyGroupsHandle]:
     return []
 
 
-def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, with_ids: bool, read_files: bool) -> Optional[str]:
+def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, in_order: bool, with_ids: bool, read_files: bool) -> Optional[str]:
+    """The first key group of ``handle`` not where it says, in words, or None. ``in_order``: a
+    backend's snapshot, which writes its key groups in order (the offsets other than 0 never go
+    back; raw keyed state is the operator's, in any order); ``with_ids``: the hashmap backend's,
+    with each key group's id at its offset."""
     delegate, offsets, first = handle.delegate, handle.offsets, handle.start_key_group
     if delegate is None or not offsets:
         return None
@@ -79,19 +84,25 @@ def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, with_ids: bool, re
             return f"key group {first + i} starts at byte {offset}, outside its state's {size} bytes" + (
                 " (Flink: position out of bounds)" if isinstance(delegate, ByteStreamHandle) else ""
             )
-    if not with_ids:
-        return None
-    if not read_files and not isinstance(delegate, ByteStreamHandle):
-        return None
-    ids = _ids_at(checkpoint, delegate, offsets)
-    if ids is None:
-        return None
-    for i, (offset, found) in enumerate(zip(offsets, ids)):
-        if found != first + i:
-            return (
-                f"key group {first + i} starts at byte {offset}, where the state holds key group {found}'s id"
-                " (Flink: Unexpected key-group in restore.)"
-            )
+    if with_ids and (read_files or isinstance(delegate, ByteStreamHandle)):
+        ids = _ids_at(checkpoint, delegate, offsets)
+        if ids is not None:  # Flink's own check, and its words
+            for i, (offset, found) in enumerate(zip(offsets, ids)):
+                if found != first + i:
+                    return (
+                        f"key group {first + i} starts at byte {offset}, where the state holds key group {found}'s id"
+                        " (Flink: Unexpected key-group in restore.)"
+                    )
+            return None
+    if in_order:
+        last = 0
+        for i, offset in enumerate(offsets):
+            if 0 < offset < last:
+                return (
+                    f"key group {first + i} starts at byte {offset}, before the key group ahead of it"
+                    f" (at byte {last}): a state backend writes key groups in order, and Flink's restore reads garbage there"
+                )
+            last = max(last, offset)
     return None
 
 
