@@ -53,6 +53,17 @@ def rewrite_metadata(checkpoint: Path, change) -> str:
     return name
 
 
+def to_file_handle(checkpoint: Path, name: str, path: str) -> None:
+    """Every channel handle in the relative file ``name`` made to name ``path`` as a FileHandle."""
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    for op in metadata.operators:
+        for s in op.subtasks:
+            for h in s.input_channels + s.output_channels:
+                if isinstance(h.delegate, RelativeFileHandle) and h.delegate.relative_path == name:
+                    h.delegate = FileHandle(path, h.delegate.size)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+
+
 def tree(directory: Path) -> dict[str, bytes]:
     """Every file below ``directory`` and its bytes (the record of what a run may not touch)."""
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
@@ -97,13 +108,7 @@ def test_handle_paths_leading_out_are_refused(ckpt, tmp_path, attack, command):
 
     name = rewrite_metadata(checkpoint, change)
     if attack == "absolute-dotdot":  # a FileHandle in the checkpoint directory that climbs out
-        metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-        for op in metadata.operators:
-            for s in op.subtasks:
-                for h in s.input_channels + s.output_channels:
-                    if isinstance(h.delegate, RelativeFileHandle) and h.delegate.relative_path == name:
-                        h.delegate = FileHandle(f"file:{checkpoint}/../../outside/{name}", h.delegate.size)
-        (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+        to_file_handle(checkpoint, name, f"file:{checkpoint}/../../outside/{name}")
     before = tree(tmp_path)
     destination = tmp_path / "dst" / "a" / "b"
     code, _, err = ckpt(*COMMANDS[command](checkpoint, destination))
@@ -124,13 +129,7 @@ def test_a_path_holding_a_nul_is_refused_as_the_metadata_is_read(ckpt, tmp_path,
 
     name = rewrite_metadata(checkpoint, change)
     if kind == "absolute":
-        metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-        for op in metadata.operators:
-            for s in op.subtasks:
-                for h in s.input_channels + s.output_channels:
-                    if isinstance(h.delegate, RelativeFileHandle) and h.delegate.relative_path == name:
-                        h.delegate = FileHandle(f"file:{checkpoint}/\x00{name}", h.delegate.size)
-        (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+        to_file_handle(checkpoint, name, f"file:{checkpoint}/\x00{name}")
     before = tree(tmp_path)
     code, _, err = ckpt(*COMMANDS[command](checkpoint, tmp_path / "dst" / "chk-1"))
     one_line_error(code, err, "path holds a NUL character, which no file's name can")
