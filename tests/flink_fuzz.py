@@ -38,7 +38,7 @@ import generate  # noqa: E402
 from test_fuzz import mutate  # noqa: E402
 
 import flink_env  # noqa: E402
-from catalog import COUNTJOB_SCHEMA, fixture_named  # noqa: E402
+from catalog import fixture_named  # noqa: E402
 from ckpt_tool.errors import CkptError  # noqa: E402
 from ckpt_tool.flink.metadata import read_metadata  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> int:
     staged = generate.stage_fixture(args.fixture)  # where Flink wrote it: its metadata may hold absolute paths
     original = (staged / "_metadata").read_bytes()
     parsed = read_metadata(original)
-    inputs = ["--plan", str(fixture.plan), "--schema", str(COUNTJOB_SCHEMA), "--engine", "local"]
+    inputs = ["--plan", str(fixture.plan), "--schema", str(fixture.schema), "--engine", "local"]
     rng = random.Random(args.seed)
     found = tried = 0
     tally: dict[str, int] = {}
