@@ -159,8 +159,8 @@ PROPERTY_FAULTS = {  # (fixture, bytes of the properties, their replacement, ckp
 }
 
 
-def with_properties_changed(name: str, before: bytes, after: bytes) -> bytes:
-    data = fixture_named(name).metadata_file.read_bytes()
+def with_properties_changed(data: bytes, before: bytes, after: bytes) -> bytes:
+    """``_metadata`` bytes with ``before`` (once in the checkpoint properties at their end) replaced."""
     properties = read_metadata(data).properties
     assert properties is not None and data.endswith(properties) and properties.count(before) == 1
     return data[: -len(properties)] + properties.replace(before, after)
@@ -169,12 +169,13 @@ def with_properties_changed(name: str, before: bytes, after: bytes) -> bytes:
 @pytest.mark.parametrize("fault", list(PROPERTY_FAULTS))
 def test_properties_flink_cannot_read_are_refused(ckpt, tmp_path, fault):
     name, before, after, message = PROPERTY_FAULTS[fault]
-    with pytest.raises(CheckpointFormatError, match=re.escape(message)):
-        read_metadata(with_properties_changed(name, before, after))
     fixture = fixture_named(name)
+    changed = with_properties_changed(fixture.metadata_file.read_bytes(), before, after)
+    with pytest.raises(CheckpointFormatError, match=re.escape(message)):
+        read_metadata(changed)
     job = tmp_path / "job"
     shutil.copytree(fixture.checkpoint.parent, job)
-    (job / fixture.checkpoint.name / "_metadata").write_bytes(with_properties_changed(name, before, after))
+    (job / fixture.checkpoint.name / "_metadata").write_bytes(changed)
     code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
 
@@ -187,9 +188,7 @@ def test_flink_fails_on_the_enum_constant_ckpt_refuses(tmp_path):
     checkpoint = tmp_path / "job" / fixture.checkpoint.name
     write_checkpoint(source, copy.deepcopy(source.metadata), str(checkpoint), {})  # where Flink reads it as it is
     metadata = checkpoint / "_metadata"
-    properties = source.metadata.properties
-    assert properties is not None
-    metadata.write_bytes(metadata.read_bytes()[: -len(properties)] + properties.replace(before, after))
+    metadata.write_bytes(with_properties_changed(metadata.read_bytes(), before, after))
     info = fixture.info
     with pytest.raises(RuntimeError, match=r"No enum constant .*SharingFilesStrategy\.FORwARD_BACKWARD"):
         flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
