@@ -127,7 +127,7 @@ def flink_restore(checkpoint: Path, parallelism: int, work: Path) -> tuple[float
     channel_files = {c["file"] for o in inspected["operators"] for s in o["subtasks"] for c in s["channels"] if c["file"]}
     args = flink_env.job_args("measure", parallelism=parallelism, n=1000, backend="hashmap",
                               checkpoint_dir=work / f"restored-{checkpoint.parent.parent.name}",
-                              restore=f"counting://{checkpoint}", busy_us=0)  # fmt: skip
+                              restore=f"counting://{checkpoint}", busy_us=0, timeout_s=1700)  # fmt: skip
     result = flink_env.run_java("2.3.0", "CountJob", args, timeout=1800)
     if result.returncode:
         raise RuntimeError(f"Flink's restore of {checkpoint} failed:\n{result.stderr[-2000:]}")
