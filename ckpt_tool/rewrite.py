@@ -21,6 +21,7 @@ import numpy as np
 
 from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
+from ckpt_tool.carried import refuse_unsound_carried
 from ckpt_tool.engine import Engine, LocalEngine
 from ckpt_tool.engine.channels import narrow, ranges, runs_in_order
 from ckpt_tool.engine.tasks import (
@@ -247,6 +248,7 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst, session.checkpoint.uri)
     refuse_misplaced_key_groups(session.checkpoint)  # the state it copies would not restore
+    refuse_unsound_carried(session.checkpoint, plan)  # nor the in-flight data it keeps as it was
     if dry_run:
         return _rewrite(session, dst, plan, None)
     session.start_engine()  # Spark starts in the background while the driver reassigns state

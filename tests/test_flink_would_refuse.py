@@ -23,7 +23,7 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.metadata import read_metadata, write_metadata
-from ckpt_tool.flink.model import KeyGroupsHandle
+from ckpt_tool.flink.model import KeyGroupsHandle, MergedChannelStateHandle
 from ckpt_tool.writer import write_checkpoint
 
 SLOW_COUNT = "slow-count"
@@ -192,3 +192,136 @@ def test_flink_fails_on_the_enum_constant_ckpt_refuses(tmp_path):
     info = fixture.info
     with pytest.raises(RuntimeError, match=r"No enum constant .*SharingFilesStrategy\.FORwARD_BACKWARD"):
         flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
+
+
+def moved_into_its_entry(handle: KeyGroupsHandle) -> str:
+    """The second written key group's offset moved 3 bytes on, still before the next one."""
+    written = [i for i, offset in enumerate(handle.offsets) if offset]
+    i = written[1]
+    handle.offsets[i] += 3
+    assert handle.offsets[i] < handle.offsets[written[2]]
+    return f"key group {handle.start_key_group + i} starts at byte {handle.offsets[i]}, where no entry of a state starts"
+
+
+@pytest.mark.flink
+def test_canonical_key_group_moved_in_order_is_refused_as_flink_fails_on_it(ckpt, tmp_path):
+    """In the canonical format (no id at an offset) an offset moved inside its key group's data,
+    still in order, starts no entry: Flink's restore reads a key or value past the key group."""
+    checkpoint, expected, fixture = faulty_copy(tmp_path, "flink23-savepoint-canonical-p2", moved_into_its_entry)
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    (problem,) = [p for p in json.loads(out)["problems"] if p["check"] == "key-group-offsets"]
+    assert code == 1 and problem["message"].startswith("managed keyed state: " + expected)
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    code, _, err = ckpt("rescale", checkpoint, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
+    assert code == 2 and expected in err and "Flink's restore would fail on it: refused" in err, err
+    info = fixture.info
+    with pytest.raises(RuntimeError, match=r"EOFException|NegativeArraySizeException|OutOfMemoryError"):
+        flink_env.restore_count(info["flink_version"], checkpoint, 3, backend=info["backend"], timeout=300)
+
+
+@pytest.mark.flink
+def test_rocksdb_full_checkpoint_of_flink115_passes_and_restores_rescaled(ckpt, tmp_path):
+    """Flink 1.15's RocksDB full checkpoint holds the canonical format in the hashmap backend's
+    handle type (12): no key group's id at its offset. ckpt had taken it for the hashmap backend's
+    and refused it ("Unexpected key-group"); Flink 1.15 restores ckpt's rescale of it exactly."""
+    fixture = fixture_named("flink115-rocksdb-full-p2")
+    source = Checkpoint.open(str(fixture.checkpoint))
+    handles = [s.managed_keyed for op in source.metadata.operators for s in op.subtasks if s.managed_keyed]
+    assert len(handles) == 2 and all(isinstance(h, KeyGroupsHandle) and h.tag == 12 for h in handles)
+    assert all(0 in h.offsets for h in handles)  # empty key groups: the canonical format
+    assert list(key_group_problems(source)) == []
+    destination = tmp_path / "job" / "chk-1"
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    code, _, err = ckpt("rescale", fixture.checkpoint, destination, "-p", "3", *inputs)
+    assert code == 0, err
+    info = fixture.info
+    count = flink_env.restore_count(info["flink_version"], destination, 3, backend=info["backend"], timeout=300)
+    assert count == info["source_records"]
+
+
+RECOVERY = "flink23-ckpt-recovery-p3"  # every operator at 3: a rescale to 3 carries its channels
+
+
+def carried_handle(metadata) -> MergedChannelStateHandle:
+    """map-main's subtask 0 output handle (merged; its first channel is subpartition 0 of partition 0)."""
+    handle = next(s for o in metadata.operators if o.name == "map-main" for s in o.subtasks if s.index == 0).output_channels[0]
+    assert isinstance(handle, MergedChannelStateHandle) and handle.channels[0].info == (0, 0)
+    return handle
+
+
+def subpartition_outside(handle: MergedChannelStateHandle) -> str:
+    """Its first channel's subpartition made 3 (Flink's serialized offsets: a count, then per channel
+    its partition and subpartition, ...)."""
+    handle.serialized_offsets = handle.serialized_offsets[:8] + (3).to_bytes(4, "big") + handle.serialized_offsets[12:]
+    return "operator map-main subtask 0, output 0/3: no such channel: its partition has 3 subpartitions"
+
+
+def buffer_past_the_file(handle: MergedChannelStateHandle) -> str:
+    """Its last channel's last buffer moved past the end of its file (the offsets stay in order)."""
+    last = handle.channels[-1]
+    assert handle.serialized_offsets.endswith(last.offsets[-1].to_bytes(8, "big"))
+    moved = handle.delegate.size + 100
+    handle.serialized_offsets = handle.serialized_offsets[:-8] + moved.to_bytes(8, "big")
+    gate, channel = last.info
+    return f"operator map-main subtask 0, output {gate}/{channel}: {{file}}: buffer offset {moved} is outside the file"
+
+
+CARRIED_FAULTS = {"subpartition": subpartition_outside, "buffer": buffer_past_the_file}
+
+
+@pytest.mark.parametrize("fault", list(CARRIED_FAULTS))
+def test_in_flight_data_carried_unchanged_is_proven_as_flink_reads_it(ckpt, tmp_path, fault):
+    """A rescale to the same parallelism carries the channels of exchanges whose parallelism does
+    not change without routing them (a repair reroutes this keyed exchange, to remove its
+    replicas); a channel Flink's restore cannot read (found by tests/flink_fuzz.py) had been
+    carried with exit 0."""
+    checkpoint, expected, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    handle = carried_handle(metadata)
+    expected = CARRIED_FAULTS[fault](handle).format(file=Checkpoint.open(str(checkpoint)).location(handle.delegate))
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    destination = tmp_path / "out" / "chk-1"
+    code, _, err = ckpt("rescale", checkpoint, destination, "-p", "3", *inputs)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"in-flight data kept as it was: {expected}" in err and "Flink's restore would fail on it: refused" in err, err
+    assert not destination.parent.exists()
+    code, out, _ = ckpt("verify", checkpoint, "--json", "--plan", fixture.plan)  # the plan says how many subpartitions
+    report = json.loads(out)
+    assert code == 2 and report["status"] == "unusable"
+    (problem,) = report["problems"]
+    assert (problem["operator"], problem["subtask"]) == ("map-main", 0)
+    if fault == "buffer":
+        gate, channel = handle.channels[-1].info
+        assert problem["check"] == "channel-state" and problem["channel"] == f"output {gate}/{channel}"
+    else:
+        assert problem["check"] == "channel-handles" and problem["channel"] == "output 0/3"
+        assert problem["message"].startswith("no such channel: its partition has 3 subpartitions")
+
+
+def test_verify_names_a_negative_channel_index(ckpt, tmp_path):
+    checkpoint, _, _ = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    handle = carried_handle(metadata)
+    offsets = handle.serialized_offsets  # its first channel's subpartition made -1
+    handle.serialized_offsets = offsets[:8] + (-1).to_bytes(4, "big", signed=True) + offsets[12:]
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    report = json.loads(out)
+    assert code == 2 and report["status"] == "unusable"
+    (problem,) = report["problems"]
+    assert problem["check"] == "channel-handles" and problem["channel"] == "output 0/-1"
+    assert problem["message"] == "no such channel: a negative index" and problem["operator"] == "map-main"
+
+
+@pytest.mark.flink
+def test_flink_fails_on_the_subpartition_ckpt_refuses(tmp_path):
+    checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    subpartition_outside(carried_handle(metadata))
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    staged = tmp_path / "staged" / checkpoint.name  # its files copied where the new metadata names them
+    write_checkpoint(Checkpoint.open(str(checkpoint)), metadata, str(staged), {})
+    info = fixture.info
+    with pytest.raises(RuntimeError, match="ArrayIndexOutOfBoundsException: Index 3 out of bounds for length 3"):
+        flink_env.restore_count(info["flink_version"], staged, 3, backend=info["backend"], timeout=300)

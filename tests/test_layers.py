@@ -27,6 +27,8 @@ RANK = {
     "output_files": 7,
     "exchanges": 7,
     "planning": 7,
+    "carried": 7,
+    "channel_bounds": 7,
     "topology": 7,
     "rewrite": 7,
     "session": 7,

@@ -95,27 +95,32 @@ def _size(handle) -> int:
 
 
 def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str):
-    """One key-groups handle over ``wanted`` from blocks of several heap snapshot files.
+    """One key-groups handle over ``wanted`` from blocks of several snapshot files.
 
     A file is a header (the serialization proxy naming the states) then one block per key group,
-    in key-group order; a block runs from its offset to the next one, or to the end of the file.
-    Returns the handle (delegate: the new file, relative to the checkpoint) and the file's bytes.
+    in key-group order; a block runs from its offset to the next larger one, or to the end of the
+    file. The hashmap backend writes a block for every key group; the canonical format (RocksDB's
+    full checkpoints of Flink 1.15) none for an empty one, whose offset is 0, as it stays in the
+    new file. Returns the handle (delegate: the new file, relative to the checkpoint) and the
+    file's bytes.
     """
     headers, blocks = set(), {}
     for handle, groups in parts:
         data = read(handle.delegate)
-        ends = sorted(set(handle.offsets)) + [len(data)]
+        ends = sorted(set(handle.offsets) - {0}) + [len(data)]
         headers.add(data[: ends[0]])
         for group in groups:
             start = handle.offsets[group - handle.start_key_group]
-            blocks[group] = data[start : ends[ends.index(start) + 1]]
+            if start:  # 0: an empty key group of the canonical format
+                blocks[group] = data[start : ends[ends.index(start) + 1]]
     if len(headers) != 1:
         raise KeyedStateError("old subtasks' keyed state files describe their states differently")
     merged = bytearray(headers.pop())
     offsets = []
     for group in wanted:
-        offsets.append(len(merged))
-        merged += blocks.get(group, b"")
+        block = blocks.get(group)
+        offsets.append(len(merged) if block is not None else 0)
+        merged += block or b""
     return KeyGroupsHandle(3, wanted.start, offsets, RelativeFileHandle(name, len(merged))), bytes(merged)
 
 

@@ -1,28 +1,39 @@
 """Where keyed state's key groups are, as Flink's restore finds them.
 
-A key-groups handle (``KeyGroupsStateHandle``) lists one offset per key group into its data.
-Flink's restore of the hashmap backend (``HeapRestoreOperation``; its checkpoints and native
-savepoints, written by ``HeapSnapshotStrategy``, whose handles carry an id) seeks to each key
-group's offset and reads the key group's id there: a different id fails the restore
-("Unexpected key-group in restore."), and so does an offset past the data ("position out of
-bounds" for inline state, end of file for a file). A canonical savepoint
-(``FullSnapshotRestoreOperation``) writes no id and marks an empty key group with offset 0, and
-raw keyed state holds the operator's own bytes (an empty last key group may start at its end):
-for those the offsets are checked to lie inside the data, and a backend's (not raw state) to be
-in key-group order, as every backend writes them (0 aside). So is a handle of Flink 1.14 and
-before (no id), which a RocksDB full checkpoint wrote in the canonical format.
+A key-groups handle (``KeyGroupsStateHandle``) lists one offset per key group into its data, which
+starts with the backend's ``KeyedBackendSerializationProxy`` (an int version, then, from version 2,
+a byte saying whether key groups are compressed). Two formats put different bytes at an offset:
+
+- the hashmap backend's checkpoints and native savepoints (``HeapSnapshotStrategy``): the key
+  group's id, an int, written before the key group's (maybe compressed) states. Its restore
+  (``HeapRestoreOperation``) reads the id at each offset and fails on another ("Unexpected
+  key-group in restore."); an offset past the data fails it too ("position out of bounds" for
+  inline state, the end of the file for a file).
+- the canonical format (``FullSnapshotAsyncWriter``): canonical savepoints of every backend,
+  RocksDB's full checkpoints up to Flink 1.19 (handle type 12, like the hashmap backend's) and
+  Flink 1.14's. A key group with entries starts with a state's id, a short, then its first entry,
+  the key's and the value's bytes each after an int length; an empty key group's offset is 0. Its
+  restore (``FullSnapshotRestoreOperation``) reads entries from each offset other than 0: a key or
+  a value that runs past the next key group fails it (``EOFException``, a negative length
+  ``NegativeArraySizeException``, a huge one out of memory).
+
+Which format a handle holds is read from its data, not from its type byte: its offsets either hold
+the key groups' ids (or nearly all do: a corrupt offset among them), or they do not. Where they do
+not, each offset other than 0 must start a first entry that ends before the next key group, in
+uncompressed data (compressed entries are not read). Raw keyed state holds the operator's own bytes
+(an empty last key group may start at its end): its offsets are only checked to lie inside the
+data. A backend's offsets other than 0 are in key-group order, as every backend writes them.
 
 ``ckpt verify`` reports what this finds; ``rescale`` and ``repair`` refuse it before writing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Optional
 
 from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.metadata import KEY_GROUPS_V2
 from ckpt_tool.flink.model import (
     ByteStreamHandle,
     ChangelogBackendHandle,
@@ -30,25 +41,28 @@ from ckpt_tool.flink.model import (
     SegmentFileHandle,
 )
 
-ID_BYTES = 4  # the key group's id, an int, at its offset
-# On an object store the ids are read with one ranged read from the first offset to the last,
-# where that is at most this many bytes; past it only the offsets are checked (a read per key
-# group would be thousands of requests)
+ID_BYTES = 4  # the key group's id, an int, at its offset (the hashmap backend's format)
+ENTRY_HEAD = 2 + 4  # the canonical format's state id (a short) and its first key's length (an int)
+COMPRESSION_FLAG = 4  # the proxy's byte after its version (version 2 and later): compressed key groups
+# On an object store the data is read with one ranged read from the first offset to the last (and
+# ENTRY_SLACK past it), where that is at most this many bytes; past it only the offsets are checked
+# (a read per key group would be thousands of requests)
 REMOTE_SPAN = 64 << 20
+ENTRY_SLACK = 64 << 10
+At = Callable[[int, int], bytes]  # (start, length) -> up to that many bytes of the data there
 
 
 def key_group_problems(checkpoint: Checkpoint, read_files: bool = True) -> Iterator[tuple[str, int, str]]:
     """(operator label, subtask index, message) for each key-groups handle whose key groups are
     not where it says: the first key group found astray in it. A file that does not read is left
-    to the check of the files (so are all files where not ``read_files``: ids are then read from
-    inline state only)."""
+    to the check of the files (so are all files where not ``read_files``: inline state is read
+    then, files only bounded and ordered)."""
     for op in checkpoint.metadata.operators:
         for subtask in op.subtasks:
             for kind, keyed in (("managed", subtask.managed_keyed), ("raw", subtask.raw_keyed)):
                 for handle in _key_groups_handles(keyed):
                     try:
-                        with_ids = kind == "managed" and handle.tag == KEY_GROUPS_V2
-                        message = _problem(checkpoint, handle, kind == "managed", with_ids, read_files)
+                        message = _problem(checkpoint, handle, kind == "managed", read_files)
                     except CkptError:
                         continue
                     if message:
@@ -69,67 +83,132 @@ def _key_groups_handles(keyed) -> list[KeyGroupsHandle]:
     return []
 
 
-def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, in_order: bool, with_ids: bool, read_files: bool) -> Optional[str]:
-    """The first key group of ``handle`` not where it says, in words, or None. ``in_order``: a
-    backend's snapshot, which writes its key groups in order (the offsets other than 0 never go
-    back; raw keyed state is the operator's, in any order); ``with_ids``: the hashmap backend's,
-    with each key group's id at its offset."""
+def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, managed: bool, read_files: bool) -> Optional[str]:
+    """The first key group of ``handle`` not where it says, in words, or None. ``managed``: a
+    backend's snapshot (in one of the two formats, its key groups in order); raw keyed state is the
+    operator's, in any order."""
     delegate, offsets, first = handle.delegate, handle.offsets, handle.start_key_group
     if delegate is None or not offsets:
         return None
     size = delegate.size
-    tail = ID_BYTES if with_ids else 0
     for i, offset in enumerate(offsets):
-        if offset < 0 or offset + tail > size:
+        if offset < 0 or offset > size or (managed and offset and offset + ENTRY_HEAD > size):
             return f"key group {first + i} starts at byte {offset}, outside its state's {size} bytes" + (
                 " (Flink: position out of bounds)" if isinstance(delegate, ByteStreamHandle) else ""
             )
-    if with_ids and (read_files or isinstance(delegate, ByteStreamHandle)):
-        ids = _ids_at(checkpoint, delegate, offsets)
-        if ids is not None:  # Flink's own check, and its words
-            for i, (offset, found) in enumerate(zip(offsets, ids)):
-                if found != first + i:
-                    return (
-                        f"key group {first + i} starts at byte {offset}, where the state holds key group {found}'s id"
-                        " (Flink: Unexpected key-group in restore.)"
-                    )
-            return None
-    if in_order:
-        last = 0
-        for i, offset in enumerate(offsets):
-            if 0 < offset < last:
-                return (
-                    f"key group {first + i} starts at byte {offset}, before the key group ahead of it"
-                    f" (at byte {last}): a state backend writes key groups in order, and Flink's restore reads garbage there"
-                )
-            last = max(last, offset)
+    if not managed:
+        return None
+    if read_files or isinstance(delegate, ByteStreamHandle):
+        found = _read(checkpoint, delegate, offsets, lambda at: _astray(at, offsets, first, size))
+        if found is not None:
+            return found or None
+    return _out_of_order(offsets, first)
+
+
+def _astray(at: At, offsets: list[int], first: int, size: int) -> str:
+    """What the bytes at the offsets say (``at(start, length)``: the data's bytes there): "" where
+    each key group is where Flink's restore looks for it, in either format, else the first one
+    astray. The offsets are inside the data."""
+    ids = [_int(at(o, ID_BYTES)) if o + ID_BYTES <= size else None for o in offsets]
+    astray = [i for i, found in enumerate(ids) if found != first + i]
+    if not astray:
+        return ""  # the hashmap backend's: each key group's id at its offset
+    if 2 * len(astray) < len(offsets):  # its ids but at a few: offsets of the hashmap backend's gone astray
+        i = astray[0]
+        return (
+            f"key group {first + i} starts at byte {offsets[i]}, where the state holds key group {ids[i]}'s id"
+            " (Flink: Unexpected key-group in restore.)"
+        )
+    disorder = _out_of_order(offsets, first)
+    if disorder:
+        return disorder
+    if at(COMPRESSION_FLAG, 1) not in (b"", b"\x00") and _int(at(0, 4)) >= 2:
+        return ""  # compressed key groups: their entries are not read
+    written = sorted((o, i) for i, o in enumerate(offsets) if o)
+    for (offset, i), end in zip(written, [o for o, _ in written[1:]] + [size]):
+        entry = _first_entry_end(at, offset)
+        if entry is None or entry > end:
+            ahead = "the end of its state" if end == size else "the next key group"
+            return (
+                f"key group {first + i} starts at byte {offset}, where no entry of a state starts"
+                f" (one read there does not end before {ahead}, at byte {end}; Flink's restore reads past it)"
+            )
+    return ""
+
+
+def _first_entry_end(at: At, offset: int) -> Optional[int]:
+    """Where the first entry of a canonical key group at ``offset`` ends (a state id, then a key
+    and a value, each an int length and its bytes), or None where it cannot be one."""
+    head = at(offset, ENTRY_HEAD)
+    if len(head) < ENTRY_HEAD or head[0] & 0x80:  # a state id is below 2**15
+        return None
+    key = _int(head[2:])
+    if key < 1:
+        return None
+    value_at = offset + ENTRY_HEAD + key
+    value = at(value_at, 4)
+    if len(value) < 4 or _int(value) < 0:
+        return None
+    return value_at + 4 + _int(value)
+
+
+def _out_of_order(offsets: list[int], first: int) -> Optional[str]:
+    last = 0
+    for i, offset in enumerate(offsets):
+        if 0 < offset < last:
+            return (
+                f"key group {first + i} starts at byte {offset}, before the key group ahead of it"
+                f" (at byte {last}): a state backend writes key groups in order, and Flink's restore reads garbage there"
+            )
+        last = max(last, offset)
     return None
 
 
-def _ids_at(checkpoint: Checkpoint, delegate, offsets: list[int]) -> Optional[list[int]]:
-    """The int at each offset of the delegate's data (each inside it), or None where reading them
-    would take a request per key group (an object store, the offsets far apart)."""
+def _int(data: bytes) -> int:
+    return int.from_bytes(data[:4], "big", signed=True)
+
+
+class _Unread(Exception):
+    """Bytes an object store's span read did not take."""
+
+
+def _read(
+    checkpoint: Checkpoint, delegate, offsets: list[int], examine: Callable[[Callable[[int, int], bytes]], str]
+) -> Optional[str]:
+    """``examine(at)`` over the delegate's data (``at(start, length)``: up to ``length`` bytes at
+    ``start``), or None where reading it would take a request per key group (an object store, the
+    offsets far apart, or an entry beyond the span read). A local file is opened once and read
+    where asked; on an object store the proxy's head and the span of the offsets are read once."""
+    size = delegate.size
     if isinstance(delegate, ByteStreamHandle):
         data = delegate.data
-        return [int.from_bytes(data[o : o + ID_BYTES], "big", signed=True) for o in offsets]
+        return examine(lambda start, length: data[start : start + length])
     uri = checkpoint.location(delegate)
     if uri is None:
         return None
     base = delegate.start if isinstance(delegate, SegmentFileHandle) else 0
     io = checkpoint.io
     read_spans = getattr(io, "read_spans", None)
-    if read_spans is not None:  # a local file: a read per key group, the file opened once
+    if read_spans is not None:  # a local file
 
-        def read(at):
-            return [at(base + o, ID_BYTES) for o in offsets]
+        def clipped(at):
+            return examine(lambda start, length: at(base + start, max(0, min(length, size - start))))
 
-        pieces = read_spans(uri, read)
-    else:
-        low, high = min(offsets), max(offsets) + ID_BYTES
-        if high - low > REMOTE_SPAN:
-            return None
-        span = io.read_range(uri, base + low, high - low)
-        pieces = [span[o - low : o - low + ID_BYTES] for o in offsets]
-    if any(len(p) < ID_BYTES for p in pieces):
-        raise CkptError(f"{uri} ends before a key group's id")  # shorter than recorded: the files check says so
-    return [int.from_bytes(p, "big", signed=True) for p in pieces]
+        return read_spans(uri, clipped)
+    low, high = min(offsets), min(size, max(offsets) + ENTRY_SLACK)
+    if high - low > REMOTE_SPAN:
+        return None
+    head = io.read_range(uri, base, min(size, COMPRESSION_FLAG + 1))
+    span = io.read_range(uri, base + low, high - low)
+
+    def at(start: int, length: int) -> bytes:
+        if start + length <= len(head):
+            return head[start : start + length]
+        if low <= start and (start + length <= high or high == size):
+            return span[start - low : start - low + length]
+        raise _Unread
+
+    try:
+        return examine(at)
+    except _Unread:
+        return None

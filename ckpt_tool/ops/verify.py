@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ckpt_tool.channel_bounds import ChannelBounds
 from ckpt_tool.errors import CkptError
 from ckpt_tool.exchanges import MappingError, check_output_mapping, scan_exchanges
 from ckpt_tool.flink.changelog import changelog_handles, read_change_set
@@ -123,9 +124,12 @@ def check_files(cp: Checkpoint) -> CheckResult:
     return result
 
 
-def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
+def check_channel_state(cp: Checkpoint, files_ok: bool, bounds: Optional[ChannelBounds] = None) -> list[CheckResult]:
+    """``bounds``: the channels of each gate and partition, as far as the exchanges described say
+    (without: a negative index is the only one known to be wrong)."""
+    bounds = bounds or ChannelBounds({}, [])
     buffers = CheckResult("channel-state", "channel-state headers, offsets and buffer lengths", unusable=True)
-    handles = CheckResult("channel-handles", "at most one handle per channel of a subtask", unusable=True)
+    handles = CheckResult("channel-handles", "one handle per channel of a subtask at most, each in the job", unusable=True)
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
         digests: dict[bytes, set[int]] = defaultdict(set)
@@ -139,7 +143,7 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
                     suffix = direction.encode()
-                    merged = _merged_digests(cp, reader, s, direction) if files_ok else None
+                    merged = _merged_digests(cp, reader, s, direction, op.id_hex, bounds) if files_ok else None
                     if merged is not None:  # merged handles, read as columns: nothing to report
                         found_here, in_local_files = merged
                         for found in found_here:
@@ -161,6 +165,10 @@ def check_channel_state(cp: Checkpoint, files_ok: bool) -> list[CheckResult]:
                             handles.problems.append(
                                 Problem("channel-handles", f"handle names subtask {h.subtask_index}", op.label, s.index, channel)
                             )
+                        missing = bounds.problem(op.id_hex, direction, *h.info)
+                        if missing:  # Flink's restore indexes its gates and channels by them
+                            channel = _channel_name(direction, h)
+                            handles.problems.append(Problem("channel-handles", missing, op.label, s.index, channel))
                         if isinstance(h.delegate, (RelativeFileHandle, FileHandle)) and files_ok:
                             key = (direction, id(h.delegate))
                             group = in_files.get(key)
@@ -187,12 +195,18 @@ def _channel_name(direction: str, handle) -> str:
 
 
 def _merged_digests(
-    cp: Checkpoint, reader: ChannelStateReader, subtask, direction: str
+    cp: Checkpoint,
+    reader: ChannelStateReader,
+    subtask,
+    direction: str,
+    operator_id: str = "",
+    bounds: Optional[ChannelBounds] = None,
 ) -> Optional[tuple[list[bytes], list[tuple[MergedChannelStateHandle, np.ndarray]]]]:
     """``_buffer_digests`` of a subtask's handles of one direction where they are merged handles
     whose channels all list as many buffers (as Flink 2.1+ writes them at high parallelism), read
     as columns without decoding a channel, and where there is nothing to report: each channel once,
-    every handle the subtask's own, every file read. None otherwise (then the handles are checked
+    every handle the subtask's own, every channel in the job (of the operator ``operator_id``, by
+    ``bounds``), every file read. None otherwise (then the handles are checked
     channel by channel, which names what is wrong). The handles in whole files are not read here
     but returned with their offsets, to be read file by file across the subtasks, as plain handles
     are (``_merged_file_digests``): the digests of the others, and those."""
@@ -200,10 +214,11 @@ def _merged_digests(
     if not handles or not all(isinstance(h, MergedChannelStateHandle) and h.subtask_index == subtask.index for h in handles):
         return None
     keys, by_file = [], defaultdict(list)
+    bounds = bounds or ChannelBounds({}, [])
     for handle in handles:
         channels = handle.alike_channels()
-        if channels is None:
-            return None
+        if channels is None or bounds.first_outside(operator_id, direction, channels["gate"], channels["channel"]) is not None:
+            return None  # (a channel not in the job: named channel by channel)
         keys.append(channels["gate"].astype(np.int64) << 32 | channels["channel"].astype(np.int64) & 0xFFFFFFFF)
         if "offsets" in (channels.dtype.names or ()):
             by_file[id(handle.delegate)].append((handle, channels["offsets"].astype(np.int64).reshape(-1)))
@@ -443,6 +458,10 @@ def check_target(session: Session, target: Optional[int], target_plan: Optional[
     return result
 
 
+def parallelisms(metadata) -> dict[str, int]:
+    return {op.id_hex: op.parallelism for op in metadata.operators}
+
+
 def verify(
     session: Session, target: Optional[int] = None, strict: bool = False, target_plan: Optional[dict[str, PlanVertex]] = None
 ) -> VerifyReport:
@@ -451,7 +470,7 @@ def verify(
     files = check_files(cp)
     checks = [
         files,
-        *check_channel_state(cp, not files.problems),
+        *check_channel_state(cp, not files.problems, ChannelBounds(parallelisms(session.metadata), session.described_exchanges)),
         check_changelog(cp, not files.problems),
         check_key_groups(cp, not files.problems),
         *check_parallelism_and_finished(cp, session.plan),

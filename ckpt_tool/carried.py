@@ -1,0 +1,69 @@
+"""In-flight data a rewrite keeps as it was, proven before anything is written.
+
+An exchange whose two sides keep their parallelism keeps its channels' handles: ckpt neither reads
+nor routes their records, and the new ``_metadata`` names the same buffers in the same files. Flink's
+restore reads them as they are (``SequentialChannelStateReaderImpl``): it takes the input gate, or
+the result partition, at the handle's first index and the channel, or subpartition, at its second
+(an index outside them: ``ArrayIndexOutOfBoundsException``), then reads each buffer at its offset (a
+buffer past the end of its file: ``EOFException``). A rewrite that exits 0 must not carry such a
+handle, so each carried channel is checked as that restore reads it: its indices inside the job
+(``ChannelBounds``), and every buffer's length field and payload inside its data.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+from ckpt_tool.channel_bounds import ChannelBounds
+from ckpt_tool.errors import CheckpointFormatError, CkptError
+from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
+from ckpt_tool.flink.checkpoint import Checkpoint
+from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelColumns, ChannelStateHandle, MergedChannelStateHandle, opened_up
+from ckpt_tool.planning import RescalePlan
+
+NO_DIGEST = 1 << 62  # a buffer length no buffer reaches: the lengths are read, nothing is digested
+
+
+def carried_problems(checkpoint: Checkpoint, plan: RescalePlan) -> Iterator[str]:
+    """What Flink's restore would fail on in the channels ``plan`` carries unchanged, in words,
+    each naming its operator, subtask and channel."""
+    replaced = [plan.exchanges[i] for i in plan.rescaled + plan.dropped]
+    replaced_inputs = {(e.downstream_id, e.gate) for e in replaced}
+    replaced_outputs = {(e.upstream_id, e.partition) for e in replaced}
+    bounds = ChannelBounds(plan.old, plan.exchanges)
+    by_data: dict[tuple, list[tuple[str, ChannelStateHandle, BufferSource]]] = defaultdict(list)
+    for op in checkpoint.metadata.operators:
+        for s in op.subtasks:
+            for direction, replaced_here in ((INPUT, replaced_inputs), (OUTPUT, replaced_outputs)):
+                kept = s.channel_handles_on(direction, _kept(op.id_hex, replaced_here))
+                for handle in opened_up(kept, (MergedChannelStateHandle, ChannelColumns)):
+                    assert isinstance(handle, ChannelStateHandle)
+                    gate, channel = handle.info
+                    where = f"operator {op.label} subtask {s.index}, {direction} {gate}/{channel}"
+                    missing = bounds.problem(op.id_hex, direction, gate, channel)
+                    if missing:
+                        yield f"{where}: {missing}"
+                        continue
+                    source = BufferSource.of(checkpoint, handle)
+                    key = (source.location, source.segment) if source.inline is None else (id(handle.delegate),)
+                    by_data[key].append((where, handle, source))
+    with ChannelStateReader() as reader:
+        for members in by_data.values():
+            if reader.buffer_digests_together([source for _, _, source in members], NO_DIGEST) is not None:
+                continue  # one local file (or segment), every buffer inside it
+            for where, _, source in members:
+                try:
+                    reader.buffer_digests(source, NO_DIGEST)
+                except CkptError as exc:
+                    yield f"{where}: {exc}"
+
+
+def refuse_unsound_carried(checkpoint: Checkpoint, plan: RescalePlan) -> None:
+    """Raise on the first carried channel Flink's restore would fail on."""
+    for problem in carried_problems(checkpoint, plan):
+        raise CheckpointFormatError(f"in-flight data kept as it was: {problem}; Flink's restore would fail on it: refused")
+
+
+def _kept(operator_id: str, replaced: set) -> Callable[[int], bool]:
+    return lambda gate: (operator_id, gate) not in replaced
