@@ -17,7 +17,13 @@ does not decode the state's values, so such a corruption is found by Flink's res
 Found so far (2026-11-28): a path holding a NUL (an internal error), a key group's offset past its
 state (exit 0; now the ``key-group-offsets`` check and a refusal), a chained operator's id altered
 (exit 0: the JSON plan names chained operators, not their ids; Flink refuses the mixed finished
-state), and Flink 1.20.3 failing to rescale its own checkpoints (README, "Flink versions").
+state), and Flink 1.20.3 failing to rescale its own checkpoints (README, "Flink versions"). Then
+(2026-11-28, ``flink23-ckpt-recovery-p3``, ``flink120-savepoint-canonical-p2``): channels a rescale
+to the same parallelism carried unchanged with a subpartition out of range or a buffer past its file
+(exit 0; now proven before writing, ``ckpt_tool/carried.py``), and a canonical savepoint's key-group
+offset moved inside its key group, still in order (exit 0; now read as Flink reads it). Left: opaque
+bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
+its job never ends).
 """
 
 from __future__ import annotations
