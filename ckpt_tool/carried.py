@@ -7,7 +7,9 @@ the result partition, at the handle's first index and the channel, or subpartiti
 (an index outside them: ``ArrayIndexOutOfBoundsException``), then reads each buffer at its offset (a
 buffer past the end of its file: ``EOFException``). A rewrite that exits 0 must not carry such a
 handle, so each carried channel is checked as that restore reads it: its indices inside the job
-(``ChannelBounds``), and every buffer's length field and payload inside its data.
+(``ChannelBounds``), and every buffer's length field and payload inside its data (on an object
+store, where that would download every carried byte, each buffer's length field inside the size
+the metadata records).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelColumns, ChannelStateHandle, MergedChannelStateHandle, opened_up
 from ckpt_tool.planning import RescalePlan
+from ckpt_tool.storage import is_local
 
 NO_DIGEST = 1 << 62  # a buffer length no buffer reaches: the lengths are read, nothing is digested
 
@@ -46,6 +49,11 @@ def carried_problems(checkpoint: Checkpoint, plan: RescalePlan) -> Iterator[str]
                         yield f"{where}: {missing}"
                         continue
                     source = BufferSource.of(checkpoint, handle)
+                    if source.inline is None and (source.location is None or not is_local(source.location)):
+                        outside = _past_the_end(handle)  # an object store: the offsets only, nothing downloaded
+                        if outside:
+                            yield f"{where}: {source.where}: {outside}"
+                        continue
                     key = (source.location, source.segment) if source.inline is None else (id(handle.delegate),)
                     by_data[key].append((where, handle, source))
     with ChannelStateReader() as reader:
@@ -67,3 +75,12 @@ def refuse_unsound_carried(checkpoint: Checkpoint, plan: RescalePlan) -> None:
 
 def _kept(operator_id: str, replaced: set) -> Callable[[int], bool]:
     return lambda gate: (operator_id, gate) not in replaced
+
+
+def _past_the_end(handle: ChannelStateHandle) -> str:
+    """Which buffer's length field does not lie inside the data's recorded size, in words, or ""."""
+    size = handle.delegate.size if handle.delegate is not None else 0
+    for offset in handle.offsets:
+        if offset < 4 or offset + 4 > size:
+            return f"buffer offset {offset} is outside the file ({size} bytes)"
+    return ""

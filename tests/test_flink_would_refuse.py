@@ -325,3 +325,25 @@ def test_flink_fails_on_the_subpartition_ckpt_refuses(tmp_path):
     info = fixture.info
     with pytest.raises(RuntimeError, match="ArrayIndexOutOfBoundsException: Index 3 out of bounds for length 3"):
         flink_env.restore_count(info["flink_version"], staged, 3, backend=info["backend"], timeout=300)
+
+
+def test_carried_buffers_on_an_object_store_are_bounded_without_a_download(ckpt, tmp_path, s3_endpoint):
+    """On S3 a carried buffer is checked against its file's recorded size (reading each carried
+    byte would download them all): one past it is refused as on local disk."""
+    import boto3
+
+    checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    handle = carried_handle(metadata)
+    expected = buffer_past_the_file(handle)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="carried")
+    for path in checkpoint.parent.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "carried", f"job/{path.relative_to(checkpoint.parent)}")
+    uri = f"s3://carried/job/{checkpoint.name}"
+    expected = expected.format(file=Checkpoint.open(uri).location(handle.delegate))
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    code, _, err = ckpt("rescale", uri, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
+    assert code == 2 and f"in-flight data kept as it was: {expected}" in err, err
