@@ -92,7 +92,7 @@ def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, managed: bool, rea
         return None
     size = delegate.size
     for i, offset in enumerate(offsets):
-        if offset < 0 or offset > size or (managed and offset and offset + ENTRY_HEAD > size):
+        if offset < 0 or offset > size or (managed and offset and offset + ID_BYTES > size):  # 4 bytes in either format
             return f"key group {first + i} starts at byte {offset}, outside its state's {size} bytes" + (
                 " (Flink: position out of bounds)" if isinstance(delegate, ByteStreamHandle) else ""
             )
