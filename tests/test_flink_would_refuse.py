@@ -22,8 +22,8 @@ from catalog import fixture_named
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
-from ckpt_tool.flink.metadata import read_metadata, write_metadata
-from ckpt_tool.flink.model import KeyGroupsHandle, MergedChannelStateHandle
+from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
+from ckpt_tool.flink.model import KeyGroupsHandle, MergedChannelStateHandle, SegmentFileHandle
 from ckpt_tool.writer import write_checkpoint
 
 SLOW_COUNT = "slow-count"
@@ -350,3 +350,20 @@ def test_carried_buffers_on_an_object_store_are_bounded_without_a_download(ckpt,
     inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
     code, _, err = ckpt("rescale", uri, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
     assert code == 2 and f"in-flight data kept as it was: {expected}" in err, err
+
+
+def test_a_segment_scope_flink_does_not_have_is_refused_as_the_metadata_is_read(ckpt, tmp_path):
+    """Flink reads a file-merging segment's scope as ``CheckpointedStateScope.values()[int]`` (two
+    values): another int fails its loader (found by tests/flink_fuzz.py on
+    ``flink23-filemerging-rocksdb-p2``, where ckpt's rescale had copied the segment and exited 0)."""
+    fixture = fixture_named("flink23-filemerging-rocksdb-p2")
+    data = fixture.metadata_file.read_bytes()
+    metadata = read_metadata(data)
+    segment = next(h for h in iter_stream_handles(metadata) if isinstance(h, SegmentFileHandle))
+    segment.scope = 72
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    (job / fixture.checkpoint.name / "_metadata").write_bytes(write_metadata(metadata))
+    code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
+    message = "segment scope 72 is none of Flink's (0 EXCLUSIVE, 1 SHARED; Flink: ArrayIndexOutOfBoundsException)"
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err

@@ -65,6 +65,7 @@ NULL_HANDLE = 0
 BYTE_STREAM = 1
 FILE_STREAM = 2
 KEY_GROUPS = 3
+SEGMENT_SCOPES = ("EXCLUSIVE", "SHARED")  # CheckpointedStateScope, by ordinal
 OPERATOR_STATE = 4
 INCREMENTAL = 5
 RELATIVE_STREAM = 6
@@ -275,6 +276,9 @@ class _MetadataReader:
             return KeyGroupsHandle(KEY_GROUPS, start, offsets, self.nested(self.stream_handle))
         if tag == SEGMENT_FILE:
             start, size, scope = r.i64("segment start"), r.i64("segment size"), r.i32("segment scope")
+            if not 0 <= scope < len(SEGMENT_SCOPES):  # Flink: CheckpointedStateScope.values()[scope]
+                known = ", ".join(f"{i} {name}" for i, name in enumerate(SEGMENT_SCOPES))
+                r.fail(f"segment scope {scope} is none of Flink's ({known}; Flink: ArrayIndexOutOfBoundsException)", r.pos - 4)
             return SegmentFileHandle(start, size, scope, self.file_path("segment file path"), r.utf("logical file id"))
         if tag == EMPTY_SEGMENT_FILE:
             return EmptySegmentFileHandle()
