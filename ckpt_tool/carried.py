@@ -35,36 +35,35 @@ def carried_problems(checkpoint: Checkpoint, plan: RescalePlan) -> Iterator[str]
     replaced_inputs = {(e.downstream_id, e.gate) for e in replaced}
     replaced_outputs = {(e.upstream_id, e.partition) for e in replaced}
     bounds = ChannelBounds(plan.old, plan.exchanges)
-    by_data: dict[tuple, list[tuple[str, ChannelStateHandle, BufferSource]]] = defaultdict(list)
+    by_data: dict[tuple, list[tuple[tuple, BufferSource]]] = defaultdict(list)  # (where, source) by data
     for op in checkpoint.metadata.operators:
         for s in op.subtasks:
             for direction, replaced_here in ((INPUT, replaced_inputs), (OUTPUT, replaced_outputs)):
                 kept = s.channel_handles_on(direction, _kept(op.id_hex, replaced_here))
                 for handle in opened_up(kept, (MergedChannelStateHandle, ChannelColumns)):
                     assert isinstance(handle, ChannelStateHandle)
-                    gate, channel = handle.info
-                    where = f"operator {op.label} subtask {s.index}, {direction} {gate}/{channel}"
-                    missing = bounds.problem(op.id_hex, direction, gate, channel)
+                    where = (op.label, s.index, direction, *handle.info)  # put in words where it is wrong
+                    missing = bounds.problem(op.id_hex, direction, *handle.info)
                     if missing:
-                        yield f"{where}: {missing}"
+                        yield f"{_words(where)}: {missing}"
                         continue
                     source = BufferSource.of(checkpoint, handle)
                     if source.inline is None and (source.location is None or not is_local(source.location)):
                         outside = _past_the_end(handle)  # an object store: the offsets only, nothing downloaded
                         if outside:
-                            yield f"{where}: {source.where}: {outside}"
+                            yield f"{_words(where)}: {source.where}: {outside}"
                         continue
                     key = (source.location, source.segment) if source.inline is None else (id(handle.delegate),)
-                    by_data[key].append((where, handle, source))
+                    by_data[key].append((where, source))
     with ChannelStateReader() as reader:
         for members in by_data.values():
-            if reader.buffer_digests_together([source for _, _, source in members], NO_DIGEST) is not None:
+            if reader.buffer_digests_together([source for _, source in members], NO_DIGEST) is not None:
                 continue  # one local file (or segment), every buffer inside it
-            for where, _, source in members:
+            for where, source in members:
                 try:
                     reader.buffer_digests(source, NO_DIGEST)
                 except CkptError as exc:
-                    yield f"{where}: {exc}"
+                    yield f"{_words(where)}: {exc}"
 
 
 def refuse_unsound_carried(checkpoint: Checkpoint, plan: RescalePlan) -> None:
@@ -84,3 +83,8 @@ def _past_the_end(handle: ChannelStateHandle) -> str:
         if offset < 4 or offset + 4 > size:
             return f"buffer offset {offset} is outside the file ({size} bytes)"
     return ""
+
+
+def _words(where: tuple) -> str:
+    label, subtask, direction, gate, channel = where
+    return f"operator {label} subtask {subtask}, {direction} {gate}/{channel}"
