@@ -23,7 +23,7 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
-from ckpt_tool.flink.model import KeyGroupsHandle, MergedChannelStateHandle, SegmentFileHandle
+from ckpt_tool.flink.model import IncrementalKeyedHandle, KeyGroupsHandle, MergedChannelStateHandle, SegmentFileHandle
 from ckpt_tool.writer import write_checkpoint
 
 SLOW_COUNT = "slow-count"
@@ -367,3 +367,20 @@ def test_a_segment_scope_flink_does_not_have_is_refused_as_the_metadata_is_read(
     code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
     message = "segment scope 72 is none of Flink's (0 EXCLUSIVE, 1 SHARED; Flink: ArrayIndexOutOfBoundsException)"
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_rocksdb_file_name_holding_a_nul_is_refused_as_the_metadata_is_read(ckpt, tmp_path):
+    """RocksDB's restore names each downloaded state file by its handle's local path; Java refuses a
+    NUL in a file name (``InvalidPathException: Nul character not allowed``), where ckpt had carried
+    it with exit 0 (found by tests/flink_fuzz.py on ``flink23-rocksdb-savepoint-native-p2``)."""
+    fixture = fixture_named("flink23-rocksdb-p2")
+    metadata = read_metadata(fixture.metadata_file.read_bytes())
+    keyed = [s.managed_keyed for o in metadata.operators for s in o.subtasks]
+    handle = next(h for h in keyed if isinstance(h, IncrementalKeyedHandle))
+    item = (handle.shared + handle.private)[0]
+    item.local_path = "\x00" + item.local_path[1:]
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    (job / fixture.checkpoint.name / "_metadata").write_bytes(write_metadata(metadata))
+    code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "local path holds a NUL character" in err, err

@@ -398,7 +398,7 @@ class _MetadataReader:
         r = self.r
         result = []
         for _ in range(r.count("number of state files")):
-            local_path = r.utf("local path")
+            local_path = self.file_path("local path")  # the name RocksDB's restore gives the file it downloads
             result.append(HandleAndLocalPath(local_path, self.stream_handle()))
         return result
 
