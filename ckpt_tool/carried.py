@@ -15,14 +15,14 @@ the metadata records).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from ckpt_tool.channel_bounds import ChannelBounds
 from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelColumns, ChannelStateHandle, MergedChannelStateHandle, opened_up
-from ckpt_tool.planning import RescalePlan
+from ckpt_tool.planning import RescalePlan, gates_in
 from ckpt_tool.storage import is_local
 
 NO_DIGEST = 1 << 62  # a buffer length no buffer reaches: the lengths are read, nothing is digested
@@ -31,15 +31,13 @@ NO_DIGEST = 1 << 62  # a buffer length no buffer reaches: the lengths are read, 
 def carried_problems(checkpoint: Checkpoint, plan: RescalePlan) -> Iterator[str]:
     """What Flink's restore would fail on in the channels ``plan`` carries unchanged, in words,
     each naming its operator, subtask and channel."""
-    replaced = [plan.exchanges[i] for i in plan.rescaled + plan.dropped]
-    replaced_inputs = {(e.downstream_id, e.gate) for e in replaced}
-    replaced_outputs = {(e.upstream_id, e.partition) for e in replaced}
+    replaced_inputs, replaced_outputs = plan.replaced_gates()
     bounds = ChannelBounds(plan.old, plan.exchanges)
     by_data: dict[tuple, list[tuple[tuple, BufferSource]]] = defaultdict(list)  # (where, source) by data
     for op in checkpoint.metadata.operators:
         for s in op.subtasks:
             for direction, replaced_here in ((INPUT, replaced_inputs), (OUTPUT, replaced_outputs)):
-                kept = s.channel_handles_on(direction, _kept(op.id_hex, replaced_here))
+                kept = s.channel_handles_on(direction, gates_in(replaced_here, op.id_hex, False))
                 for handle in opened_up(kept, (MergedChannelStateHandle, ChannelColumns)):
                     assert isinstance(handle, ChannelStateHandle)
                     where = (op.label, s.index, direction, *handle.info)  # put in words where it is wrong
@@ -70,10 +68,6 @@ def refuse_unsound_carried(checkpoint: Checkpoint, plan: RescalePlan) -> None:
     """Raise on the first carried channel Flink's restore would fail on."""
     for problem in carried_problems(checkpoint, plan):
         raise CheckpointFormatError(f"in-flight data kept as it was: {problem}; Flink's restore would fail on it: refused")
-
-
-def _kept(operator_id: str, replaced: set) -> Callable[[int], bool]:
-    return lambda gate: (operator_id, gate) not in replaced
 
 
 def _past_the_end(handle: ChannelStateHandle) -> str:

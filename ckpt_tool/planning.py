@@ -21,6 +21,7 @@ anything is read or written.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -52,6 +53,12 @@ class RescalePlan:
 
     def changes(self, op_id: str) -> bool:
         return self.old[op_id] != self.new[op_id]
+
+    def replaced_gates(self) -> tuple[set[tuple[str, int]], set[tuple[Optional[str], int]]]:
+        """The (operator, gate) inputs and (operator, partition) outputs of the exchanges whose
+        in-flight data is rerouted or dropped: the channels on all others are carried unchanged."""
+        replaced = [self.exchanges[i] for i in self.rescaled + self.dropped]
+        return {(e.downstream_id, e.gate) for e in replaced}, {(e.upstream_id, e.partition) for e in replaced}
 
     def new_sender_parallelism(self, exchange: Exchange) -> int:
         """The new parallelism of a rerouted exchange's sender (rerouted exchanges have one)."""
@@ -196,3 +203,8 @@ def _check_channel_state(metadata: CheckpointMetadata, plan: RescalePlan, rerout
             reason = REFUSAL_REASONS.get(partitioner, f"its partitioner {partitioner} keeps no rescalable order")
             raise RescaleError(f"exchange {label} holds in-flight data and its parallelism changes, but {reason}")
         plan.rescaled.append(index)
+
+
+def gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str, wanted: bool) -> Callable[[int], bool]:
+    """Whether a gate (or partition) of the operator is among ``replaced`` (``wanted``) or not."""
+    return lambda gate: ((operator_id, gate) in replaced) == wanted

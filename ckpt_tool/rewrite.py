@@ -12,7 +12,6 @@ hold its handles. Any mismatch stops the run before ``_metadata`` exists (exit c
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from typing import Optional
@@ -55,7 +54,7 @@ from ckpt_tool.flink.model import (
     channels_of,
 )
 from ckpt_tool.memory import release_memory
-from ckpt_tool.planning import RescalePlan
+from ckpt_tool.planning import RescalePlan, gates_in
 from ckpt_tool.records.route import RouteSpec
 from ckpt_tool.session import Session
 from ckpt_tool.storage import join, normalize_uri
@@ -297,9 +296,7 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     dry_run = claim is None
     source = session.checkpoint
     rescaled = [plan.exchanges[i] for i in plan.rescaled]
-    replaced = rescaled + [plan.exchanges[i] for i in plan.dropped]
-    rescaled_inputs = {(e.downstream_id, e.gate) for e in replaced}
-    rescaled_outputs = {(e.upstream_id, e.partition) for e in replaced}
+    rescaled_inputs, rescaled_outputs = plan.replaced_gates()
     # The channel handles of the replaced exchanges are not copied (the copy drops them below, and
     # nothing changes them): copying a handle per channel cost more than routing its records. A
     # merged handle is copied whole (its channels are bytes, decoded where they are used).
@@ -307,7 +304,7 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     for op in source.metadata.operators:
         for s in op.subtasks:
             for direction, replaced_here in ((INPUT, rescaled_inputs), (OUTPUT, rescaled_outputs)):
-                for h in s.channel_handles_on(direction, _gates_in(replaced_here, op.id_hex, True)):
+                for h in s.channel_handles_on(direction, gates_in(replaced_here, op.id_hex, True)):
                     not_copied[id(h)] = h
     metadata = copy.deepcopy(source.metadata, not_copied)
     del not_copied
@@ -319,8 +316,8 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
         for s in op.subtasks:
             # merged handles stay whole (undecoded) where none of their channels is replaced
             kept[(op.id_hex, s.index)] = inputs, outputs = (
-                s.channel_handles_on(INPUT, _gates_in(rescaled_inputs, op.id_hex, False)),
-                s.channel_handles_on(OUTPUT, _gates_in(rescaled_outputs, op.id_hex, False)),
+                s.channel_handles_on(INPUT, gates_in(rescaled_inputs, op.id_hex, False)),
+                s.channel_handles_on(OUTPUT, gates_in(rescaled_outputs, op.id_hex, False)),
             )
             # the copy holds no replaced handle (the source's own, not copied) from here on
             s.input_channels, s.output_channels = list(inputs), list(outputs)
@@ -385,11 +382,6 @@ def stage(session: Session, dst: str, plan: RescalePlan, claim: Optional[Claim],
     # heap, given back before the proof (about 500 MB at p=4,096 dense, which it would not reuse)
     release_memory()
     return Staged(metadata, rescaled, names, routed, files, dropped, form)
-
-
-def _gates_in(replaced: Collection[tuple[Optional[str], int]], operator_id: str, wanted: bool) -> Callable[[int], bool]:
-    """Whether a gate (or partition) of the operator is among ``replaced`` (``wanted``) or not."""
-    return lambda gate: ((operator_id, gate) in replaced) == wanted
 
 
 def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int], ChannelColumns]:
