@@ -19,12 +19,13 @@ from collections.abc import Iterator
 
 from ckpt_tool.channel_bounds import ChannelBounds
 from ckpt_tool.errors import CheckpointFormatError, CkptError
-from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
+from ckpt_tool.flink.channel_state import HEADER, BufferSource, ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelColumns, ChannelStateHandle, MergedChannelStateHandle, opened_up
 from ckpt_tool.planning import RescalePlan, gates_in
 from ckpt_tool.storage import is_local
 
+LENGTH_BYTES = 4  # a buffer's length field, an int
 NO_DIGEST = 1 << 62  # a buffer length no buffer reaches: the lengths are read, nothing is digested
 
 
@@ -74,7 +75,7 @@ def _past_the_end(handle: ChannelStateHandle) -> str:
     """Which buffer's length field does not lie inside the data's recorded size, in words, or ""."""
     size = handle.delegate.size if handle.delegate is not None else 0
     for offset in handle.offsets:
-        if offset < 4 or offset + 4 > size:
+        if offset < len(HEADER) or offset + LENGTH_BYTES > size:
             return f"buffer offset {offset} is outside the file ({size} bytes)"
     return ""
 

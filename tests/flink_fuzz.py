@@ -23,7 +23,9 @@ state), and Flink 1.20.3 failing to rescale its own checkpoints (README, "Flink 
 (2026-11-28, ``flink23-ckpt-recovery-p3``, ``flink120-savepoint-canonical-p2``): channels a rescale
 to the same parallelism carried unchanged with a subpartition out of range or a buffer past its file
 (exit 0; now proven before writing, ``ckpt_tool/carried.py``), and a canonical savepoint's key-group
-offset moved inside its key group, still in order (exit 0; now read as Flink reads it). Left: opaque
+offset moved inside its key group, still in order (exit 0; now read as Flink reads it), a
+file-merging segment's scope Flink does not have and a RocksDB file name holding a NUL (exit 0; now
+refused as the metadata is read). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """

@@ -9,10 +9,11 @@ a byte saying whether key groups are compressed). Two formats put different byte
   (``HeapRestoreOperation``) reads the id at each offset and fails on another ("Unexpected
   key-group in restore."); an offset past the data fails it too ("position out of bounds" for
   inline state, the end of the file for a file).
-- the canonical format (``FullSnapshotAsyncWriter``): canonical savepoints of every backend,
-  RocksDB's full checkpoints up to Flink 1.19 (handle type 12, like the hashmap backend's) and
-  Flink 1.14's. A key group with entries starts with a state's id, a short, then its first entry,
-  the key's and the value's bytes each after an int length; an empty key group's offset is 0. Its
+- the canonical format (``FullSnapshotAsyncWriter``): canonical savepoints of every backend, and
+  RocksDB's full checkpoints of Flink 1.15 (handle type 12, like the hashmap backend's) and before
+  (type 3; from 1.16 they are native, incremental handles). A key group with entries starts with
+  a state's id, a short, then its first entry, the key's and the value's bytes each after an int
+  length; an empty key group's offset is 0. Its
   restore (``FullSnapshotRestoreOperation``) reads entries from each offset other than 0: a key or
   a value that runs past the next key group fails it (``EOFException``, a negative length
   ``NegativeArraySizeException``, a huge one out of memory).
@@ -172,9 +173,7 @@ class _Unread(Exception):
     """Bytes an object store's span read did not take."""
 
 
-def _read(
-    checkpoint: Checkpoint, delegate, offsets: list[int], examine: Callable[[Callable[[int, int], bytes]], str]
-) -> Optional[str]:
+def _read(checkpoint: Checkpoint, delegate, offsets: list[int], examine: Callable[[At], str]) -> Optional[str]:
     """``examine(at)`` over the delegate's data (``at(start, length)``: up to ``length`` bytes at
     ``start``), or None where reading it would take a request per key group (an object store, the
     offsets far apart, or an entry beyond the span read). A local file is opened once and read
