@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ckpt_tool.assign.keyed import KeyedStateError, merge_key_groups, reassign_keyed
+from ckpt_tool.assign.keyed import KeyedStateError, key_group_starts, merge_key_groups, reassign_keyed
 from ckpt_tool.assign.operator_state import reassign_operator_state
 from ckpt_tool.carried import refuse_unsound_carried
 from ckpt_tool.engine import Engine, LocalEngine
@@ -190,10 +190,11 @@ def _reassign_operator(
         merge = None
         if source.metadata.version < CHANGELOG_HANDLE_SINCE:
             read = _memo(source.handle_bytes)
+            starts = key_group_starts([getattr(s, field_name) for s in live])
 
-            def merge(parts, wanted, index, field_name=field_name, read=read):
+            def merge(parts, wanted, index, field_name=field_name, read=read, starts=starts):
                 name = f"ckpt-{field_name}-{op.id_hex}-{index}"
-                handle, data = merge_key_groups(parts, wanted, read, name)
+                handle, data = merge_key_groups(parts, wanted, read, name, starts)
                 files[name] = data
                 return handle
 

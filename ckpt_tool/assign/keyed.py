@@ -94,28 +94,62 @@ def _size(handle) -> int:
     return handle.delegate.size if handle.delegate else 0
 
 
-def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str):
+def _file_key(delegate) -> tuple:
+    """The file (or inline bytes) a key-groups handle reads, as a dictionary key."""
+    return (type(delegate).__name__, *vars(delegate).values())
+
+
+def key_group_starts(handles) -> dict[tuple, list[int]]:
+    """Per file (``_file_key``), where its key groups start, as all of ``handles`` (key-groups
+    handles, maybe views of part of a file) list them together: sorted, 0 left out."""
+    starts: dict[tuple, set[int]] = {}
+    for handle in handles:
+        if isinstance(handle, KeyGroupsHandle) and handle.delegate is not None:
+            starts.setdefault(_file_key(handle.delegate), set()).update(handle.offsets)
+    return {key: sorted(found - {0}) for key, found in starts.items()}
+
+
+def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str, starts: Optional[dict] = None):
     """One key-groups handle over ``wanted`` from blocks of several snapshot files.
 
     A file is a header (the serialization proxy naming the states) then one block per key group,
-    in key-group order; a block runs from its offset to the next larger one, or to the end of the
-    file. The hashmap backend writes a block for every key group; the canonical format (RocksDB's
-    full checkpoints of Flink 1.15) none for an empty one, whose offset is 0, as it stays in the
-    new file. Returns the handle (delegate: the new file, relative to the checkpoint) and the
-    file's bytes.
+    in key-group order; a block runs from its start to the next key group's start in the same file,
+    or to the end of the file. The hashmap backend writes a block for every key group; the
+    canonical format (RocksDB's full checkpoints of Flink 1.15) none for an empty one, whose offset
+    is 0, as it stays in the new file. ``starts`` (``key_group_starts`` of all the old subtasks'
+    handles; else of ``parts``) tells where a file's key groups start: a handle may list only some
+    of its file's key groups (a view, as a rescale writes it), so its first offset can lie past
+    blocks of key groups it does not hold. Where they are not known, those blocks stay in the
+    header, which Flink's restore skips (it seeks to each key group's offset). Every file must
+    begin with the same header: the shortest one read, which the others start with (a
+    serialization proxy is read to its own end, so one cannot begin another unless they are the
+    same). Returns the handle (delegate: the new file, relative to the checkpoint) and the file's
+    bytes.
     """
+    if starts is None:
+        starts = key_group_starts([handle for handle, _ in parts])
     headers, blocks = set(), {}
     for handle, groups in parts:
         data = read(handle.delegate)
-        ends = sorted(set(handle.offsets) - {0}) + [len(data)]
+        ends = [start for start in starts.get(_file_key(handle.delegate), []) if start < len(data)] + [len(data)]
         headers.add(data[: ends[0]])
         for group in groups:
             start = handle.offsets[group - handle.start_key_group]
             if start:  # 0: an empty key group of the canonical format
-                blocks[group] = data[start : ends[ends.index(start) + 1]]
-    if len(headers) != 1:
+                after = bisect.bisect_right(ends, start)
+                blocks[group] = data[start : ends[after] if after < len(ends) else len(data)]
+    header = min(headers, key=len)
+    if any(not other.startswith(header) for other in headers):
         raise KeyedStateError("old subtasks' keyed state files describe their states differently")
-    merged = bytearray(headers.pop())
+    missing = [group for group in wanted if group not in blocks]
+    if missing and blocks and all(int.from_bytes(b[:4], "big") == group for group, b in blocks.items()):
+        # the hashmap backend's format (each block starts with its key group's id) has no empty offset
+        raise KeyedStateError(
+            f"the new subtask of key groups {wanted.start} to {wanted.stop - 1} takes {len(missing)} of them (from"
+            f" {missing[0]}) from no old subtask's keyed state; metadata version 3 holds one keyed handle per subtask,"
+            " and the hashmap backend's file cannot leave a key group out (Flink: Unexpected key-group in restore.)"
+        )
+    merged = bytearray(header)
     offsets = []
     for group in wanted:
         block = blocks.get(group)
