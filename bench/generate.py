@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from ckpt_tool.flink.channel_state import write_channel_state_file  # noqa: E402
 from ckpt_tool.flink.checkpoint import Checkpoint  # noqa: E402
 from ckpt_tool.flink.metadata import HANDLE_FORMS, MERGED, channel_handle_form, merge_channel_handles, read_metadata  # noqa: E402
-from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
+from ckpt_tool.flink.model import INPUT, ChannelStateHandle, WrittenFileHandle  # noqa: E402
 from ckpt_tool.ops.rescale import rescale  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
 from ckpt_tool.session import Session  # noqa: E402
@@ -137,7 +137,7 @@ def generate(
                 continue
             name = f"bench-inflight-{subtask.index}-{which}"
             writer = write_channel_state_file(io_for(str(out)), str(out / name), file_pieces)
-            delegate = RelativeFileHandle(name, writer.size)
+            delegate = WrittenFileHandle(name, writer.size)
             for upstream, _ in file_pieces:
                 placed = writer.placements[upstream]
                 handles.append(ChannelStateHandle(INPUT, subtask.index, (0, upstream), placed.offsets, placed.size, delegate))

@@ -30,7 +30,7 @@ from run import CKPT, timed  # noqa: E402
 from catalog import fixture_named  # noqa: E402
 from ckpt_tool.flink.channel_state import write_channel_state_file  # noqa: E402
 from ckpt_tool.flink.metadata import read_metadata, write_metadata  # noqa: E402
-from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle  # noqa: E402
+from ckpt_tool.flink.model import INPUT, ChannelStateHandle, WrittenFileHandle  # noqa: E402
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group  # noqa: E402
 from ckpt_tool.storage import io_for  # noqa: E402
 
@@ -65,7 +65,7 @@ def huge_record(work: Path, mib: float) -> Path:
     stream = struct.pack(">i", len(element)) + element
     writer = write_channel_state_file(io_for(str(checkpoint)), str(checkpoint / "huge-inflight"), [(0, stream)])
     placed, subtask = writer.placements[0], metadata.operator(SLOW).subtasks[0]
-    delegate = RelativeFileHandle("huge-inflight", writer.size)
+    delegate = WrittenFileHandle("huge-inflight", writer.size)
     handle = ChannelStateHandle(INPUT, subtask.index, (0, 0), placed.offsets, placed.size, delegate)
     subtask.input_channels = [handle] + [h for h in subtask.channel_handles(INPUT) if h.info != (0, 0)]
     (checkpoint / "_metadata").write_bytes(write_metadata(metadata))

@@ -49,8 +49,8 @@ from ckpt_tool.flink.model import (
     CheckpointMetadata,
     HandleFiles,
     OperatorState,
-    RelativeFileHandle,
     SubtaskState,
+    WrittenFileHandle,
     channels_of,
 )
 from ckpt_tool.memory import release_memory
@@ -401,7 +401,7 @@ def _placed_columns(rescaled, routed: list[RoutedFile]) -> dict[tuple[str, int],
             r.placed = r.placed.figures_only()
         return {}
     names, task_file = written_files(routed)
-    files = HandleFiles([RelativeFileHandle(name, size) for name, size in names.items()])
+    files = HandleFiles([WrittenFileHandle(name, size) for name, size in names.items()])
     operators = {op_id: i for i, op_id in enumerate(dict.fromkeys(e.downstream_id for e in rescaled))}
     # per routed file: its operator, gate and new channel (the same for all the rows it places)
     operator_of = np.array([operators[rescaled[r.exchange_index].downstream_id] for r in routed], dtype=np.int32)
@@ -510,14 +510,14 @@ class _Keys:
 def _handles_on(
     s: SubtaskState, gate: int, file_of: dict[str, int], in_routed: dict, offsets_only: bool = False
 ) -> list[tuple[np.ndarray, ...]]:
-    """The handles of a subtask's input gate that reference a routed file (a ``RelativeFileHandle``
-    of one of their names), as columns: the routed file, the channel and the buffer count (each
-    handle's in turn); with ``offsets_only``, their buffers' offsets instead (each handle's in turn).
+    """The handles of a subtask's input gate that reference a routed file (a ``WrittenFileHandle``
+    of one of their names: a source's file of the same name is not one), as columns: the routed
+    file, the channel and the buffer count (each handle's in turn); with ``offsets_only``, their
+    buffers' offsets instead (each handle's in turn).
     Plain handles first, then each ``ChannelColumns``."""
     result: list[tuple[np.ndarray, ...]] = []
     plain = channels_of([h for h in s.input_channels if not isinstance(h, ChannelColumns)], gate)
-    # only a RelativeFileHandle has a relative path: the files ckpt wrote are referenced so
-    in_file = [file_of.get(getattr(h.delegate, "relative_path", ""), -1) for h in plain]
+    in_file = [file_of.get(h.delegate.relative_path, -1) if isinstance(h.delegate, WrittenFileHandle) else -1 for h in plain]
     ours = [h for h, f in zip(plain, in_file) if f >= 0]
     if ours:
         counts = np.fromiter((len(h.offsets) for h in ours), dtype=np.int32, count=len(ours))
@@ -531,7 +531,7 @@ def _handles_on(
             continue
         known = in_routed.get(id(h.files))
         if known is None or known[0] is not h.files:
-            paths = [getattr(f, "relative_path", "") for f in h.files.handles]
+            paths = [f.relative_path if isinstance(f, WrittenFileHandle) else "" for f in h.files.handles]
             known = in_routed[id(h.files)] = (h.files, np.array([file_of.get(p, -1) for p in paths], dtype=np.int32))
         rows = h.rows_on(gate)
         file = known[1][h.file[rows]]

@@ -47,7 +47,7 @@ def output_side_only(source, sink: str, upstream: str, destination: Path) -> Non
 
     from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
     from ckpt_tool.flink.checkpoint import Checkpoint
-    from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, RelativeFileHandle
+    from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, WrittenFileHandle
     from ckpt_tool.storage import io_for
     from ckpt_tool.writer import write_checkpoint
 
@@ -74,7 +74,7 @@ def output_side_only(source, sink: str, upstream: str, destination: Path) -> Non
                 name = f"moved-output-{s.index}"
                 writer = write_channel_state_file(io_for(str(destination)), str(destination / name), pieces, 4096)
                 written.add(name)
-                delegate = RelativeFileHandle(name, writer.size)
+                delegate = WrittenFileHandle(name, writer.size)
                 kept += [
                     ChannelStateHandle(OUTPUT, s.index, (0, d), writer.placements[d].offsets, writer.placements[d].size, delegate)
                     for d, _ in pieces

@@ -62,7 +62,7 @@ def rewrite_channel_state(source: Checkpoint, directory):
     import copy
 
     from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
-    from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, RelativeFileHandle
+    from ckpt_tool.flink.model import INPUT, OUTPUT, ChannelStateHandle, WrittenFileHandle
     from ckpt_tool.storage import io_for
 
     metadata = copy.deepcopy(source.metadata)
@@ -76,7 +76,7 @@ def rewrite_channel_state(source: Checkpoint, directory):
                 name = f"rewritten-channel-state-{op.id_hex}-{subtask.index}"
                 pieces = [(i, reader.payload(BufferSource.of(source, h))) for i, (_, h) in enumerate(handles)]
                 writer = write_channel_state_file(io_for(str(directory)), str(directory / name), pieces, 4096)
-                delegate = RelativeFileHandle(name, writer.size)
+                delegate = WrittenFileHandle(name, writer.size)
                 rewritten = {INPUT: [], OUTPUT: []}
                 for i, (direction, old) in enumerate(handles):
                     placed = writer.placements[i]

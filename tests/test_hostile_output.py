@@ -30,7 +30,7 @@ import pytest
 from catalog import fixture_named
 from ckpt_tool.flink.channel_state import write_channel_state_file
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
-from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle
+from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle, WrittenFileHandle
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group
 from ckpt_tool.storage import io_for
 
@@ -88,7 +88,7 @@ def add_record(checkpoint: Path, metadata, element: bytes) -> None:
     writer = write_channel_state_file(io_for(str(checkpoint)), str(checkpoint / "added-inflight"), [(0, stream)])
     placed = writer.placements[0]
     handle = ChannelStateHandle(
-        INPUT, subtask.index, (0, 0), placed.offsets, placed.size, RelativeFileHandle("added-inflight", writer.size)
+        INPUT, subtask.index, (0, 0), placed.offsets, placed.size, WrittenFileHandle("added-inflight", writer.size)
     )
     subtask.input_channels = [handle] + [h for h in subtask.channel_handles(INPUT) if h.info != (0, 0)]
 

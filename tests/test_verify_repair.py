@@ -308,3 +308,28 @@ def test_merged_handles_in_a_file_shared_by_subtasks_are_read_at_once(ckpt, tmp_
     replace((10**9,), victim.state_size)
     buffers, _, _ = check_channel_state(cp, True)
     assert [(p.subtask, p.channel) for p in buffers.problems] == [(second_subtask.index, f"input 0/{victim.info[1]}")]
+
+
+@pytest.mark.flink
+def test_a_repair_of_ckpt_output_copies_the_file_it_carries_under_a_name_of_its_own(ckpt, tmp_path):
+    """A rescale's output names its routed files as a repair of it names its own
+    (``ckpt-inflight-<operator>-<gate>-<channel>``). The repair of flink23-sideout-p2 rescaled to 3
+    routes some of that file's channels again and carries 6 buffers of it unchanged: the carried
+    handles had been taken for the repair's own file of the same name, so the output referenced
+    the new file (148,056 bytes) as the old one (163,584) with exit 0, and Flink failed on it
+    (EOFException). A source's file is now always copied (``WrittenFileHandle``: the run's own
+    files)."""
+    fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-sideout-p2")
+    rescaled = tmp_path / "p3" / "job" / "chk-1"
+    code, _, err = ckpt("rescale", fixture.checkpoint, rescaled, "-p", "3", "--engine", "local", *inputs(fixture))
+    assert code == 0, err
+    repaired = tmp_path / "repaired" / "job" / "chk-1"
+    code, out, err = ckpt("repair", rescaled, repaired, "--json", "--engine", "local", *inputs(fixture))
+    assert code == 0, err
+    assert json.loads(out)["carried"]["buffers"] > 0
+    shared = {p.name for p in rescaled.iterdir()} & {p.name for p in repaired.iterdir()} - {"_metadata"}
+    assert shared and all((repaired / name).stat().st_size != (rescaled / name).stat().st_size for name in shared)
+    code, report, err = verify_json(ckpt, repaired, fixture)
+    assert code == 0 and report["status"] == "sound", err
+    info = fixture.info
+    assert flink_env.restore_count(info["flink_version"], repaired, 3, backend=info["backend"]) == info["source_records"]

@@ -39,7 +39,7 @@ from ckpt_tool.flink.model import (
     InMemoryChangelogHandle,
     KeyedHandle,
     KeyGroupsHandle,
-    RelativeFileHandle,
+    WrittenFileHandle,
 )
 from ckpt_tool.records.keys import key_group_range
 
@@ -155,7 +155,7 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
         block = blocks.get(group)
         offsets.append(len(merged) if block is not None else 0)
         merged += block or b""
-    return KeyGroupsHandle(3, wanted.start, offsets, RelativeFileHandle(name, len(merged))), bytes(merged)
+    return KeyGroupsHandle(3, wanted.start, offsets, WrittenFileHandle(name, len(merged))), bytes(merged)
 
 
 class _Overlaps:

@@ -20,7 +20,7 @@ from typing import Optional
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.flink.model import ByteStreamHandle, OperatorStateHandle, OperatorStateInfo, RelativeFileHandle
+from ckpt_tool.flink.model import ByteStreamHandle, OperatorStateHandle, OperatorStateInfo, RelativeFileHandle, WrittenFileHandle
 
 SPLIT_DISTRIBUTE, UNION, BROADCAST = 0, 1, 2
 INLINE_LIMIT = 20 * 1024  # Flink's default execution.checkpointing.data-inline-threshold
@@ -92,6 +92,6 @@ def reassign_operator_state(
             delegate = ByteStreamHandle(f"{file_prefix}-{index}", bytes(data))
         else:
             files[f"{file_prefix}-{index}"] = bytes(data)
-            delegate = RelativeFileHandle(f"{file_prefix}-{index}", len(data))
+            delegate = WrittenFileHandle(f"{file_prefix}-{index}", len(data))
         new_handles.append(OperatorStateHandle(4, states, delegate))
     return new_handles, files

@@ -85,6 +85,13 @@ class RelativeFileHandle(FieldCopy):
 
 
 @dataclass
+class WrittenFileHandle(RelativeFileHandle):
+    """A ``RelativeFileHandle`` to a file that this run writes into its output (serialized as
+    one). Read back, it is a ``RelativeFileHandle``: a source's relative file is never taken for
+    one of the run's own, even where a run before named it the same."""
+
+
+@dataclass
 class SegmentFileHandle:
     """``SegmentFileStateHandle`` (file merging): a byte range of a shared physical file."""
 

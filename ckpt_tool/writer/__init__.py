@@ -19,7 +19,14 @@ from ckpt_tool.flink.metadata import (
     metadata_chunks,
     set_channel_handle_form,
 )
-from ckpt_tool.flink.model import CheckpointMetadata, FileHandle, OperatorStateHandle, RelativeFileHandle, SegmentFileHandle
+from ckpt_tool.flink.model import (
+    CheckpointMetadata,
+    FileHandle,
+    OperatorStateHandle,
+    RelativeFileHandle,
+    SegmentFileHandle,
+    WrittenFileHandle,
+)
 from ckpt_tool.storage import io_for, is_local, join, normalize_uri, parent, within
 from ckpt_tool.writer.claim import Claim, claimed, is_output_name
 
@@ -101,7 +108,8 @@ def write_checkpoint(
     """Write ``metadata`` as a checkpoint at ``dst``, under ``claim`` (else under a claim of its own).
 
     ``new_files`` maps names relative to ``dst`` to their bytes (referenced from ``metadata`` by
-    ``RelativeFileHandle``); ``already_written`` names relative files an engine wrote there.
+    ``WrittenFileHandle``); ``already_written`` names relative files an engine wrote there (the
+    same). A source's ``RelativeFileHandle`` is copied like its other files, whatever its name.
     Files of ``src`` that ``metadata`` still references and that lie inside the source checkpoint
     or its job directory (RocksDB's ``shared/``, file merging's ``shared/`` and ``taskowned/``) are
     copied into ``dst`` under names of ckpt's own (a handle's path never becomes an output path)
@@ -123,17 +131,13 @@ def write_checkpoint(
     out = io_for(dst)
     job_dir = parent(src.uri)
     copies: dict[tuple[str, Optional[tuple[int, int]]], str] = {}  # (source location, segment) -> name in dst
-    carried: set[int] = set()  # handles made here (a handle object may be reached more than once)
 
     def carry(handle):
         """Copy a file of the source (or the segment of one a file-merging handle names) into
         ``dst`` and refer to it relative to the checkpoint, so that the output can be moved or
         downloaded and still restores."""
-        if id(handle) in carried or (
-            isinstance(handle, RelativeFileHandle)
-            and (handle.relative_path in new_files or handle.relative_path in already_written)
-        ):
-            return handle
+        if isinstance(handle, WrittenFileHandle):
+            return handle  # this run's own file, or a copy made here (a source's file of the same name is still copied)
         if not isinstance(handle, (FileHandle, RelativeFileHandle, SegmentFileHandle)):
             return handle
         location = src.file_location(handle)
@@ -141,9 +145,7 @@ def write_checkpoint(
             return handle  # outside the source's directories: left where it is
         segment = (handle.start, handle.size) if isinstance(handle, SegmentFileHandle) else None
         name = copies.setdefault((location, segment), f"ckpt-copy-{len(copies):06d}")
-        moved = RelativeFileHandle(name, handle.size)
-        carried.add(id(moved))
-        return moved
+        return WrittenFileHandle(name, handle.size)
 
     def copied(location: str, segment: Optional[tuple[int, int]]) -> bytes:
         return src.io.read(location) if segment is None else src.io.read_range(location, *segment)
