@@ -28,7 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "fixtures")]
 
-import flink_env  # noqa: E402
+from flink_fuzz import restore  # noqa: E402
+
 from catalog import CAPTURED  # noqa: E402
 
 CKPT = Path(sys.executable).parent / "ckpt"
@@ -66,16 +67,10 @@ def main() -> int:
                 current, parallelism = output, new_parallelism or parallelism
             else:
                 info = fixture.info
-                try:
-                    count = flink_env.restore_count(
-                        info["flink_version"], current, parallelism, backend=info["backend"], k=info.get("k", 10), timeout=300
-                    )
-                    said.append(f"restored at {parallelism}: {count}" + ("" if count == info["source_records"] else " WRONG"))
-                    failed += count != info["source_records"]
-                except RuntimeError as exc:
-                    causes = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("Caused by")]
-                    said.append("FAIL " + (causes[-1] if causes else str(exc).strip().splitlines()[-1])[:200])
-                    failed += 1
+                count = restore(info["flink_version"], current, info["backend"], parallelism, info.get("k", 10))
+                exact = count == str(info["source_records"])
+                said.append(f"restored at {parallelism}: {count}" + ("" if exact or count.startswith("FAIL") else " WRONG"))
+                failed += not exact
             print(fixture.name, " ".join(said), flush=True)
             shutil.rmtree(Path(work) / fixture.name, ignore_errors=True)
     return 1 if failed else 0

@@ -74,9 +74,10 @@ def changed_fields(before, after, path: str = "metadata") -> list[str]:
     return [] if same else [path]
 
 
-def restore(version: str, checkpoint: Path, backend: str) -> str:
+def restore(version: str, checkpoint: Path, backend: str, parallelism: int = 3, k: int = 10) -> str:
+    """Flink's count of a restore, or ``FAIL`` and the innermost cause of its failure."""
     try:
-        return str(flink_env.restore_count(version, checkpoint, 3, backend=backend, timeout=300))
+        return str(flink_env.restore_count(version, checkpoint, parallelism, backend=backend, k=k, timeout=300))
     except RuntimeError as exc:
         causes = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("Caused by")]
         return "FAIL " + (causes[-1] if causes else str(exc).strip().splitlines()[-1])[:200]

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ckpt_tool.errors import CkptError
+from ckpt_tool.flink.key_groups import holds_its_id
 from ckpt_tool.flink.metadata import CHANGELOG_V2
 from ckpt_tool.flink.model import (
     ChangelogBackendHandle,
@@ -109,7 +110,7 @@ def key_group_starts(handles) -> dict[tuple, list[int]]:
     return {key: sorted(found - {0}) for key, found in starts.items()}
 
 
-def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str, starts: Optional[dict] = None):
+def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, read, name: str, starts: dict):
     """One key-groups handle over ``wanted`` from blocks of several snapshot files.
 
     A file is a header (the serialization proxy naming the states) then one block per key group,
@@ -117,7 +118,7 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
     or to the end of the file. The hashmap backend writes a block for every key group; the
     canonical format (RocksDB's full checkpoints of Flink 1.15) none for an empty one, whose offset
     is 0, as it stays in the new file. ``starts`` (``key_group_starts`` of all the old subtasks'
-    handles; else of ``parts``) tells where a file's key groups start: a handle may list only some
+    handles) tells where a file's key groups start: a handle may list only some
     of its file's key groups (a view, as a rescale writes it), so its first offset can lie past
     blocks of key groups it does not hold. Where they are not known, those blocks stay in the
     header, which Flink's restore skips (it seeks to each key group's offset). Every file must
@@ -126,8 +127,6 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
     same). Returns the handle (delegate: the new file, relative to the checkpoint) and the file's
     bytes.
     """
-    if starts is None:
-        starts = key_group_starts([handle for handle, _ in parts])
     headers, blocks = set(), {}
     for handle, groups in parts:
         data = read(handle.delegate)
@@ -142,8 +141,8 @@ def merge_key_groups(parts: list[tuple[KeyGroupsHandle, range]], wanted: range, 
     if any(not other.startswith(header) for other in headers):
         raise KeyedStateError("old subtasks' keyed state files describe their states differently")
     missing = [group for group in wanted if group not in blocks]
-    if missing and blocks and all(int.from_bytes(b[:4], "big") == group for group, b in blocks.items()):
-        # the hashmap backend's format (each block starts with its key group's id) has no empty offset
+    if missing and blocks and all(holds_its_id(block, group) for group, block in blocks.items()):
+        # the hashmap backend's format has no empty offset
         raise KeyedStateError(
             f"the new subtask of key groups {wanted.start} to {wanted.stop - 1} takes {len(missing)} of them (from"
             f" {missing[0]}) from no old subtask's keyed state; metadata version 3 holds one keyed handle per subtask,"

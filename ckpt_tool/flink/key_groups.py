@@ -165,6 +165,12 @@ def _out_of_order(offsets: list[int], first: int) -> Optional[str]:
     return None
 
 
+def holds_its_id(block: bytes, group: int) -> bool:
+    """Whether a key group's block starts with the key group's id, as the hashmap backend's
+    format writes it (the canonical format starts with a state's id and an entry)."""
+    return len(block) >= ID_BYTES and _int(block) == group
+
+
 def _int(data: bytes) -> int:
     return int.from_bytes(data[:4], "big", signed=True)
 
