@@ -11,19 +11,30 @@ generated from it with 3 MB in flight (three engine tasks, three files) is resca
 
 from __future__ import annotations
 
+import struct
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 from catalog import fixture_named
-from ckpt_tool.engine.tasks import ROUTED_DIGEST, ReadBackTask, _read_back_one_by_one, _read_back_together, short_digests
+from ckpt_tool.engine.tasks import (
+    READ_BACK_BUFFERS,
+    ROUTED_DIGEST,
+    ReadBackTask,
+    _read_back_one_by_one,
+    _read_back_together,
+    short_digests,
+)
+from ckpt_tool.flink.channel_state import write_channel_state_file
 from ckpt_tool.flink.metadata import merge_channel_handles, merged_columns, merging_gains, write_metadata
 from ckpt_tool.flink.model import INPUT, ChannelColumns, RelativeFileHandle, columns_opened
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.rewrite import OutputVerificationError, RescaleReport, Staged, stage, verify_output
 from ckpt_tool.session import Session
+from ckpt_tool.storage import io_for
 from ckpt_tool.writer.claim import claimed
 
 BASE = fixture_named("flink23-hashmap-p2")
@@ -294,6 +305,58 @@ def test_reading_back_at_once_and_handle_by_handle_agree(staged):
         assert together.records.tolist() == one_by_one.records.tolist() and together.records.sum() > 0
         assert together.digests == one_by_one.digests and together.trailing.tolist() == one_by_one.trailing.tolist()
     assert together.problem is not None and "not referenced by any handle" in together.problem
+
+
+@pytest.mark.parametrize("cut", [0, 5])
+def test_a_handle_of_many_buffers_is_read_back_a_part_at_a_time_as_whole(tmp_path: Path, cut: int):
+    """A handle of more than READ_BACK_BUFFERS buffers (a rescale to parallelism 1 writes one new
+    channel of all the records) is read back that many buffers at a time, a record cut between
+    two of them carried into the next: the same records, digest and cut record as the handle read
+    whole, and as its stream says."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import record
+
+    whole = b"".join(struct.pack(">i", len(raw)) + raw for raw in (record(key % 97, key) for key in range(3000)))
+    streams = {0: whole[:1000], 1: whole + bytes(range(cut)), 2: whole[:77]}  # a cut record at the end of 1
+    writer = write_channel_state_file(io_for(str(tmp_path)), str(tmp_path / "file"), list(streams.items()), buffer_size=97)
+    placed = [writer.placements[target] for target in streams]
+    assert len(placed[1].offsets) > 3 * READ_BACK_BUFFERS
+    task = ReadBackTask(
+        "file",
+        str(tmp_path / "file"),
+        writer.size,
+        np.array([o for p in placed for o in p.offsets], dtype=np.int64),
+        np.array([len(p.offsets) for p in placed], dtype=np.int64),
+    )
+    together, one_by_one = _read_back_together(task), _read_back_one_by_one(task)
+    assert one_by_one.problem is None and together.problem is None
+    assert (
+        one_by_one.records.tolist()
+        == together.records.tolist()
+        == [sum(1 for _ in framed_records(stream)) for stream in streams.values()]
+    )
+    assert one_by_one.trailing.tolist() == together.trailing.tolist() == [len(s) - framed_end(s) for s in streams.values()]
+    assert one_by_one.trailing.tolist()[1] == cut
+    assert (
+        one_by_one.digests
+        == together.digests
+        == b"".join(xxhash.xxh3_128(stream[: framed_end(stream)]).digest() for stream in streams.values())
+    )
+
+
+def framed_end(stream: bytes) -> int:
+    """Where the last whole element of a stream of length-prefixed elements ends."""
+    at = 0
+    while at + 4 <= len(stream) and at + 4 + struct.unpack_from(">i", stream, at)[0] <= len(stream):
+        at += 4 + struct.unpack_from(">i", stream, at)[0]
+    return at
+
+
+def framed_records(stream: bytes):
+    at = 0
+    while at + 4 <= len(stream) and at + 4 + struct.unpack_from(">i", stream, at)[0] <= len(stream):
+        yield stream[at + 4 : at + 4 + struct.unpack_from(">i", stream, at)[0]]
+        at += 4 + struct.unpack_from(">i", stream, at)[0]
 
 
 def fields(handles) -> list:

@@ -13,6 +13,7 @@ import pytest
 
 from catalog import fixture_named
 from ckpt_tool.engine.tasks import (
+    ReadWindows,
     channel_tasks,
     key_groups_of,
     read_framed,
@@ -118,6 +119,53 @@ def test_route_together_equals_route_upstream(name, new_parallelism):
     assert compared + refused
     if name == "flink23-naive-p2":  # replicas: found channel by channel
         assert refused
+
+
+def framed_streams(framed) -> list:
+    """Each channel of framed channels: its bytes, its elements' starts (from its own first byte)
+    and tags, and its cut record's bytes."""
+    records = framed.records
+    out = []
+    for k in range(len(framed.trailing)):
+        start, stop = int(framed.bounds[k]), int(framed.bounds[k + 1])
+        first, last = int(framed.first[k]), int(framed.first[k + 1])
+        out.append(
+            (
+                bytes(records.data[start:stop]),
+                (records.starts[first:last] - start).tolist(),
+                records.tags[first:last].tolist(),
+                int(framed.trailing[k]),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", ["flink23-hashmap-p2", "flink23-recovery-p3"])
+def test_a_batch_read_a_window_at_a_time_frames_as_read_whole(name):
+    """A route batch larger than its read window (a rescale of a job at p=4,096 to parallelism 1
+    is one batch of all its channels) is read a window at a time, each from the first row asked
+    for: every upstream subtask's channels, asked for in order as the route tasks ask, frame as
+    the batch read whole does, whatever the window's bytes."""
+    session = session_of(name)
+    exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
+    metadata = session.checkpoint.metadata
+    specs = [RouteSpec(e, 1, 1, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges]
+    table = route_tasks(session.checkpoint, exchanges, specs).table
+    upstream = table.upstream.astype(np.int64) + (table.exchange_index.astype(np.int64) << 32)
+    cuts = np.flatnonzero(np.diff(upstream, prepend=-1)).tolist() + [len(table)]
+    groups = list(zip(cuts[:-1], cuts[1:]))
+    assert len(groups) > 1
+    with ChannelStateReader() as reader:
+        whole = read_framed(reader, table)
+        for budget in (1, int(table.size.max()), int(table.size.sum()) // 3 + 1, 1 << 40):
+            windows, starts = ReadWindows(reader, table, budget), set()
+            for a, b in groups:
+                assert framed_streams(windows.part(a, b)) == framed_streams(whole.part(a, b))
+                starts.add(windows.start)
+            if budget < int(table.size.sum()) // 2:
+                assert len(starts) > 1  # read in several windows
+            else:
+                assert starts == {0}
 
 
 def test_a_corrupt_channel_is_named_as_before(tmp_path):

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import numpy as np
 import xxhash
 
-from ckpt_tool.engine import plan_batches
+from ckpt_tool.engine import BATCH_MAX_BYTES, plan_batches
 from ckpt_tool.engine.channels import ChannelTable, ChannelTask, narrow, ranges
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
@@ -274,13 +274,16 @@ def framed_blocks(rows: BatchRows, reader: ChannelStateReader) -> Iterator[Frame
             yield FramedBlock(exchange_index, start, stop, read)
 
 
-def read_framed(reader: ChannelStateReader, channels: ChannelTable | list[ChannelTask]) -> FramedChannels:
-    """Every channel, read and framed together (the framing only: not each channel's buffers, nor
-    the subtask columns of ``BatchRows``)."""
+def read_framed(
+    reader: ChannelStateReader, channels: ChannelTable | list[ChannelTask], start: int = 0, stop: Optional[int] = None
+) -> FramedChannels:
+    """Every channel (of a table: rows ``start`` to ``stop``), read and framed together (the
+    framing only: not each channel's buffers, nor the subtask columns of ``BatchRows``)."""
     if isinstance(channels, ChannelTable):
+        stop = len(channels) if stop is None else stop
         if _all_local(channels):
-            return _read_rows(reader, channels, 0, len(channels), buffers=False)[0]
-        channels = channels.tasks(0, len(channels))
+            return _read_rows(reader, channels, start, stop, buffers=False)[0]
+        channels = channels.tasks(start, stop)
     return _read_channels(reader, channels)
 
 
@@ -647,14 +650,14 @@ def route_task(
     writer: ChannelStateWriter,
     reader: ChannelStateReader,
     result: RoutedFile,
-    framed: Optional[FramedChannels] = None,
+    framed: Optional[TaskWindow] = None,
 ) -> Iterator[Any]:
     """Route the task's records into the channel-state file ``writer`` writes, after what it
     holds: yields the file's bytes; ``result`` says what went where once it is done. The channels
     of each upstream subtask are read, framed and routed together (``route_together``); where they
     hold copies of records or do not fit, channel by channel (``route_upstream``), which finds the
-    copies or names the channel and the record that does not fit. ``framed``: the task's channels
-    already read (``route_batch``)."""
+    copies or names the channel and the record that does not fit. ``framed``: the task's rows of
+    its batch's channels, read a window at a time (``route_batch``)."""
     reuse_memory()
     keys = key_groups_of(spec.exchange, spec.max_parallelism)
     records: Counter = Counter()
@@ -666,7 +669,9 @@ def route_task(
         if int(table.size[start:stop].sum()) > SMALL_CHANNEL * (stop - start):  # large channels: one by one is faster
             return None
         try:
-            mine = framed.part(start, stop) if framed else _read_channels(reader, table.tasks(start, stop))
+            mine = framed.part(start, stop) if framed is not None else None
+            if mine is None:  # not read with the batch's channels (or their window did not read)
+                mine = _read_channels(reader, table.tasks(start, stop))
             if mine.trailing.any():
                 return None
             check_values(mine.records, spec.exchange, keys)
@@ -708,33 +713,74 @@ def route_task(
     result.placed = _placed(writer.take_placements(), records, digests)
 
 
+# An engine task's channels are read this many bytes of them at a time (a larger upstream subtask's
+# alone): its whole budget at most (``BATCH_MAX_BYTES``), so that a batch within it is read as one,
+# each file once; a route task above it (one new channel fed by many old ones: a rescale of
+# p=4,096 dense to 1 is one task of 1.6 GB) holds one window at a time, not all it routes.
+READ_WINDOW_BYTES = BATCH_MAX_BYTES
+
+
+class ReadWindows:
+    """Rows of a route batch's table read and framed a window at a time, as its tasks ask for
+    them (in order): a window is the rows from the first one asked for, up to READ_WINDOW_BYTES
+    (or to the last one asked for, where that is more)."""
+
+    def __init__(self, reader: ChannelStateReader, table: ChannelTable, budget: int = READ_WINDOW_BYTES) -> None:
+        self.reader, self.table, self.budget = reader, table, budget
+        self.ends = np.zeros(len(table) + 1, dtype=np.int64)
+        np.cumsum(table.size, out=self.ends[1:])
+        self.start = self.stop = 0
+        self.framed: Optional[FramedChannels] = None
+
+    def part(self, start: int, stop: int) -> Optional[FramedChannels]:
+        """Rows ``start`` to ``stop``, framed; None where their window does not read (the task
+        then reads them itself, and says which channel does not)."""
+        if not self.start <= start < stop <= self.stop:
+            self.framed = None  # the window before is let go first
+            end = int(np.searchsorted(self.ends, self.ends[start] + self.budget, side="right")) - 1
+            self.start, self.stop = start, min(len(self.table), max(stop, end))
+            try:
+                self.framed = read_framed(self.reader, self.table, self.start, self.stop)
+            except CkptError:
+                self.framed = None
+        return None if self.framed is None else self.framed.part(start - self.start, stop - self.start)
+
+
+@dataclass
+class TaskWindow:
+    """A route task's rows of its batch's ``ReadWindows``: its row ``i`` is the batch's ``offset + i``."""
+
+    windows: ReadWindows
+    offset: int
+
+    def part(self, start: int, stop: int) -> Optional[FramedChannels]:
+        return self.windows.part(self.offset + start, self.offset + stop)
+
+
 def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> list[RoutedFile]:
     """``route_task`` of every task of an engine task, into one channel-state file for them all
     (named after the first task's, ``batch_file_name``): a new subtask's channels then lie in one
     file per batch (a few, by bytes), not one per channel (p of them, as Flink's restore and every
-    read of the output would open). The channels of all the tasks are read first, each file once
-    (``read_framed`` from the tasks' tables joined), so that files shared by
-    the tasks are not opened again and again (a reader keeps at most MAX_OPEN_MAPS open)."""
+    read of the output would open). The channels of all the tasks are read together, each file
+    once per window of READ_WINDOW_BYTES (``ReadWindows`` over the tasks' tables joined), so that
+    files shared by the tasks are not opened again and again (a reader keeps at most MAX_OPEN_MAPS
+    open), and a batch larger than that does not hold all its channels at once."""
     whole = ChannelTable.concatenate([task.channels for task in tasks])
     name = attempt_file_name(batch_file_name(tasks))
     writer = ChannelStateWriter()
     results = [RoutedFile(task.exchange_index, task.new_channel, name) for task in tasks]
     with ChannelStateReader() as reader:
-        framed: Optional[FramedChannels] = None
-        if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole):  # many small channels
-            try:  # every file read once, its channels' buffers in one call, then each task routed from memory
-                framed = read_framed(reader, whole)
-            except CkptError:  # each task reads its channels itself, and says which does not read
-                framed = None
+        # many small channels: every file read once per window, its channels' buffers in one call,
+        # then each task routed from memory; else each task reads its channels itself
+        windows = ReadWindows(reader, whole) if len(whole) and int(whole.size.sum()) <= SMALL_CHANNEL * len(whole) else None
 
         def chunks() -> Iterator[Any]:
             yield from writer.start()
             position = 0
             for task, result in zip(tasks, results):
-                count = len(task.channels)
-                mine = framed.part(position, position + count) if framed else None
+                mine = TaskWindow(windows, position) if windows is not None else None
                 yield from route_task(task, specs[task.exchange_index], writer, reader, result, mine)
-                position += count
+                position += len(task.channels)
 
         io_for(dst).write_stream(join(dst, name), chunks())
     for result in results:
@@ -842,18 +888,34 @@ def _read_back_together(task: ReadBackTask) -> ReadBack:
     return ReadBack(task.name, _coverage(task, lengths), narrow(counts), digests, narrow(trailing))
 
 
+# A handle is read back this many buffers at a time (8 MiB of Flink's default 32 KiB buffers).
+READ_BACK_BUFFERS = 256
+
+
 def _read_back_one_by_one(task: ReadBackTask) -> ReadBack:
     records, digests, trailing, lengths = [], [], [], []
     bounds = np.zeros(len(task.counts) + 1, dtype=np.int64)
     np.cumsum(task.counts, out=bounds[1:])
     with ChannelStateReader() as reader:
         for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            stream, own = reader.payload_and_lengths(BufferSource(task.location, None, None, task.offsets[start:stop].tolist()))
-            lengths += own
-            framed = frame_channel(stream)
-            digests.append(xxhash.xxh3_128(stream[: len(stream) - framed.trailing]).digest())
-            records.append(int(framed.is_record.sum()))
-            trailing.append(framed.trailing)
+            # READ_BACK_BUFFERS at a time, a cut record carried into the next ones: a handle holds
+            # a new channel's records, all of them where a rescale to parallelism 1 made it
+            digest, count, carry = xxhash.xxh3_128(), 0, b""
+            for first in range(start, stop, READ_BACK_BUFFERS):
+                last = min(stop, first + READ_BACK_BUFFERS)
+                source = BufferSource(task.location, None, None, task.offsets[first:last].tolist())
+                stream, own = reader.payload_and_lengths(source)
+                lengths += own
+                data = carry + stream if carry else stream
+                del stream
+                framed = frame_channel(data)
+                count += int(framed.is_record.sum())
+                cut = len(data) - framed.trailing
+                digest.update(memoryview(data)[:cut])
+                carry = data[cut:]
+            digests.append(digest.digest())
+            records.append(count)
+            trailing.append(len(carry))
     problem = _coverage(task, np.array(lengths, dtype=np.int64))
     return ReadBack(
         task.name,
