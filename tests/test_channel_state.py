@@ -7,6 +7,7 @@ import pytest
 from ckpt_tool.errors import CheckpointFormatError, StorageError
 from ckpt_tool.flink.channel_state import (
     HEADER,
+    WRITE_BUFFERS,
     BufferSource,
     ChannelStateReader,
     ChannelStateWriter,
@@ -60,6 +61,21 @@ def test_writer_streams_in_buffers_of_the_given_size():
     writer = ChannelStateWriter(buffer_size=3)
     chunks = list(writer.start()) + list(writer.add(7, b"abcdefg")) + list(writer.finish())
     assert b"".join(bytes(c) for c in chunks) == HEADER + frame(b"abc", b"def", b"g")
+
+
+def test_a_large_stream_is_written_a_few_buffers_at_a_time_as_whole():
+    """A stream of many full buffers (a rescale to parallelism 1 routes all the records into one
+    channel) is framed WRITE_BUFFERS buffers at a time, not copied whole: the same bytes, the same
+    placements."""
+    stream = bytes(range(256)) * 40  # 10,240 bytes: 2,560 buffers of 4, in 10 pieces
+    writer = ChannelStateWriter(buffer_size=4)
+    chunks = list(writer.start()) + list(writer.add(3, b"ab")) + list(writer.add(3, stream)) + list(writer.finish())
+    whole = b"ab" + stream
+    assert len(chunks) == 2 + -(-(len(whole) // 4) // WRITE_BUFFERS)  # the header, the pieces, the last buffer
+    buffers = [whole[i : i + 4] for i in range(0, len(whole), 4)]
+    assert b"".join(bytes(c) for c in chunks) == HEADER + frame(*buffers)
+    assert writer.placements[3].offsets == list(range(len(HEADER), len(HEADER) + 8 * len(buffers) - 2, 8))
+    assert writer.placements[3].size == 8 * len(buffers) - 2
 
 
 def test_reader_refuses_what_flink_never_writes(tmp_path):

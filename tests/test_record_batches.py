@@ -21,6 +21,7 @@ from ckpt_tool.engine.tasks import (
     route_tasks,
     scan_batch,
     scan_channel,
+    scan_in_pieces,
 )
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.channel_state import ChannelStateReader
@@ -77,6 +78,34 @@ def test_scan_batch_equals_scan_channel_of_each(name):
     for index, counts in one_by_one.histograms.items():
         assert np.trim_zeros(together.histograms[index], "b").tolist() == counts.tolist()
     assert together.misplaced() == one_by_one.misplaced()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_a_channel_scanned_in_pieces_has_the_figures_of_it_scanned_whole(name, buffers):
+    """A large channel (a rescale to parallelism 1 makes one of all the in-flight data) is scanned
+    a few buffers at a time, a record cut between two pieces carried into the next: every figure,
+    key-group count and misplaced holding is the channel's own, scanned whole; here with a piece
+    of one or two buffers, so that records are cut between nearly every two."""
+    session = session_of(name)
+    exchanges = session.described_exchanges
+    tasks = channel_tasks(session.checkpoint, exchanges)
+    assert tasks
+    with ChannelStateReader() as reader:
+        for t in tasks:
+            exchange = exchanges[t.exchange_index]
+            try:
+                whole = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader)])
+            except CkptError:
+                with pytest.raises(CkptError):
+                    scan_in_pieces(reader, t, exchange, t.exchange_index, t.max_parallelism, t.parallelism, buffers)
+                continue
+            pieces = scan_in_pieces(reader, t, exchange, t.exchange_index, t.max_parallelism, t.parallelism, buffers)
+            assert {k: v.tolist() for k, v in pieces.columns.items()} == {k: v.tolist() for k, v in whole.columns.items()}
+            assert pieces.histograms.keys() == whole.histograms.keys()
+            for index, counts in whole.histograms.items():
+                assert np.trim_zeros(pieces.histograms[index], "b").tolist() == counts.tolist()
+            assert pieces.holdings.tolist() == whole.holdings.tolist()
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -57,7 +57,7 @@ from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, V
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.keys import key_group_range
 from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
-from ckpt_tool.records.scan import ChannelScan, ScanColumns, holding_keys, scan_records
+from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, holding_keys, scan_records
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, is_local, join
 
@@ -159,9 +159,16 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
     rows = BatchRows.of(tasks)
     parts = []
     with ChannelStateReader() as reader:
-        for block in framed_blocks(rows, reader):
+        for block in framed_blocks(rows, reader, read_up_to=LARGE_CHANNEL_BYTES):
             exchange = exchanges[block.exchange_index]
             max_parallelism, parallelism = rows.parallelisms(block.start)
+            if block.read is None and block.stop - block.start == 1 and rows.size[block.start] > LARGE_CHANNEL_BYTES:
+                try:  # a large channel, in pieces (else on its own, below, which names what does not read)
+                    (task,) = rows.tasks(block.start, block.stop)
+                    parts.append(scan_in_pieces(reader, task, exchange, block.exchange_index, max_parallelism, parallelism))
+                    continue
+                except CkptError:
+                    pass
             for start, stop in _row_blocks(rows.size[block.start : block.stop], block.start, TOGETHER_BYTES):
                 scanned = None
                 if block.read is not None:
@@ -186,6 +193,74 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
                     scanned = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels])
                 parts.append(scanned)
     return ScanColumns.concatenate(parts)
+
+
+# A channel of more bytes is scanned in pieces of PIECE_BUFFERS buffers (``scan_in_pieces``), not
+# read whole: a channel Flink writes holds a few network buffers, but a rescale to parallelism 1 of
+# a job at p=4,096 makes one new channel of all its in-flight data (1.5 GB in the bench).
+LARGE_CHANNEL_BYTES = 64 << 20
+PIECE_BUFFERS = 256
+
+
+def scan_in_pieces(
+    reader: ChannelStateReader,
+    task: ChannelTask,
+    exchange: Exchange,
+    exchange_index: int,
+    max_parallelism: int,
+    parallelism: int,
+    buffers: int = PIECE_BUFFERS,
+) -> ScanColumns:
+    """``_scan_framed`` of one channel, read ``buffers`` of its buffers at a time (its input side,
+    then its output side, as stitched), a record cut between two pieces carried into the next: the
+    figures are sums over the pieces, but for its bytes and the cut record at its end."""
+    parts, carry, total = [], b"", 0
+    upstream = np.array([task.upstream_subtask], dtype=np.int64)
+    downstream = np.array([task.downstream_subtask], dtype=np.int64)
+    none = np.zeros(1, dtype=np.int64)
+    for source in task.inputs + task.outputs:
+        for first in range(0, len(source.offsets), buffers):
+            offsets = source.offsets[first : first + buffers]
+            piece = reader.payload(BufferSource(source.location, source.inline, source.segment, offsets, source.beneath))
+            total += len(piece)
+            data = carry + piece if carry else piece
+            del piece
+            records = frame_channel(data)
+            cut = len(data) - records.trailing
+            carry = data[cut:]
+            whole = FramedChannels(
+                ChannelRecords(records.data, records.starts, records.ends, records.tags, 0),
+                np.array([0, cut], dtype=np.int64),
+                np.array([0, len(records.starts)], dtype=np.int64),
+                np.zeros(len(records.starts), dtype=np.int64),
+                np.zeros(1, dtype=np.int64),
+            )
+            parts.append(
+                _scan_framed(whole, exchange, exchange_index, upstream, downstream, none, none, max_parallelism, parallelism)
+            )
+            del data, records, whole
+    fixed = {
+        "exchange_index": exchange_index,
+        "upstream_subtask": task.upstream_subtask,
+        "downstream_subtask": task.downstream_subtask,
+        "input_buffers": _buffers(task.inputs) if task.inputs else 0,
+        "output_buffers": _buffers(task.outputs) if task.outputs else 0,
+        "bytes": total,
+        "trailing_bytes": len(carry),
+    }
+    result = ScanColumns.empty()
+    result.columns = {
+        name: np.array([fixed[name] if name in fixed else sum(int(part.columns[name][0]) for part in parts)], dtype=np.int64)
+        for name in FIGURES
+    }
+    for part in parts:
+        for index, counts in part.histograms.items():
+            known = result.histograms.get(index)
+            result.histograms[index] = counts if known is None else known + counts
+    held = [part.holdings for part in parts if len(part.holdings)]
+    if held:
+        result.holdings = np.unique(np.concatenate(held))
+    return result
 
 
 @dataclass(frozen=True)
@@ -258,15 +333,19 @@ class FramedBlock:
     read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]]
 
 
-def framed_blocks(rows: BatchRows, reader: ChannelStateReader) -> Iterator[FramedBlock]:
+def framed_blocks(rows: BatchRows, reader: ChannelStateReader, read_up_to: Optional[int] = None) -> Iterator[FramedBlock]:
     """The rows of each exchange, ``READ_TOGETHER_BYTES`` at a time (a larger channel alone), each
     block read and framed together: a table of channels in local files from its columns, each file
-    once per block; other channels through their tasks. What a scan, and ``ckpt records``, walk."""
+    once per block; other channels through their tasks. What a scan, and ``ckpt records``, walk.
+    With ``read_up_to``, a channel of more bytes is not read (``read`` None): the caller reads it."""
     index = rows.exchange_index
     runs = np.flatnonzero(np.diff(index, prepend=-1)).tolist() + [len(index)] if len(index) else [0]
     for run_start, run_stop in zip(runs[:-1], runs[1:]):
         exchange_index = int(index[run_start])
         for start, stop in _row_blocks(rows.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
+            if read_up_to is not None and stop - start == 1 and rows.size[start] > read_up_to:
+                yield FramedBlock(exchange_index, start, stop, None)
+                continue
             try:
                 read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]] = rows.read(reader, start, stop)
             except CkptError:

@@ -388,6 +388,9 @@ class Placement:
     size: int = 0
 
 
+WRITE_BUFFERS = 256  # full buffers framed for the file at a time (8 MiB of Flink's default 32 KiB)
+
+
 class ChannelStateWriter:
     """Streams one channel-state file. ``add(target, stream)`` appends bytes to a target's
     channel (the bytes of whole records); they are cut into network buffers of ``buffer_size``
@@ -407,8 +410,9 @@ class ChannelStateWriter:
         pending = self._pending.pop(target, b"")
         stream = b"".join((pending, stream)) if len(pending) else stream  # bytes or views
         full = len(stream) // self.buffer_size
-        if full:
-            yield self._buffers(target, stream, full, self.buffer_size)
+        view = memoryview(stream)
+        for first in range(0, full, WRITE_BUFFERS):  # a large stream a few MiB at a time, not a copy of it whole
+            yield self._buffers(target, view[first * self.buffer_size :], min(WRITE_BUFFERS, full - first), self.buffer_size)
         self._pending[target] = stream[full * self.buffer_size :]
         self.placements.setdefault(target, Placement())
 
@@ -445,7 +449,7 @@ class ChannelStateWriter:
         self.position += len(made) - len(HEADER)
         return shift, memoryview(made)[len(HEADER) :]
 
-    def _buffers(self, target: int, stream: bytes, count: int, size: int) -> np.ndarray:
+    def _buffers(self, target: int, stream: bytes | memoryview, count: int, size: int) -> np.ndarray:
         """``count`` buffers of ``size`` bytes from the start of ``stream``, each after its length."""
         out = np.empty((count, 4 + size), dtype=np.uint8)
         out[:, :4] = np.frombuffer(_LENGTH.pack(size), dtype=np.uint8)
