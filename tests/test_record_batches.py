@@ -13,9 +13,11 @@ import pytest
 
 from catalog import fixture_named
 from ckpt_tool.engine.tasks import (
+    ChannelPieces,
     ReadWindows,
     channel_tasks,
     key_groups_of,
+    read_channel,
     read_framed,
     read_whole_records,
     route_tasks,
@@ -78,6 +80,27 @@ def test_scan_batch_equals_scan_channel_of_each(name):
     for index, counts in one_by_one.histograms.items():
         assert np.trim_zeros(together.histograms[index], "b").tolist() == counts.tolist()
     assert together.misplaced() == one_by_one.misplaced()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("buffers", [1, 3])
+def test_a_channel_in_pieces_holds_its_elements_in_order(name, buffers):
+    """``ChannelPieces`` (what a scan and ``ckpt records`` read a large channel by): the pieces'
+    elements, each at its index in the channel, are the channel's, read whole; its bytes and its
+    cut record at the end too."""
+    session = session_of(name)
+    tasks = channel_tasks(session.checkpoint, session.described_exchanges)
+    with ChannelStateReader() as reader:
+        for t in tasks:
+            whole = read_channel(reader, t)
+            pieces = ChannelPieces(reader, t, buffers)
+            elements: list = []
+            for framed, before in pieces:
+                assert before == len(elements) and framed.trailing.tolist() == [0]
+                records = framed.records
+                elements += [(records.element(i), int(records.tags[i])) for i in range(len(records.starts))]
+            assert elements == [(whole.element(i), int(whole.tags[i])) for i in range(len(whole.starts))]
+            assert (pieces.bytes, pieces.trailing) == (len(whole.data), whole.trailing)
 
 
 @pytest.mark.parametrize("name", FIXTURES)

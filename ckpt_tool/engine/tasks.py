@@ -202,6 +202,45 @@ LARGE_CHANNEL_BYTES = 64 << 20
 PIECE_BUFFERS = 256
 
 
+class ChannelPieces:
+    """One channel's stream (its input side, then its output side, as stitched), read ``buffers``
+    of its buffers at a time and framed piece by piece, a record cut between two pieces carried
+    into the next: iterates as (the piece's whole elements framed as one channel, how many
+    elements came before it). Once iterated, ``bytes`` is the channel's and ``trailing`` the bytes
+    of a cut record at its end."""
+
+    def __init__(self, reader: ChannelStateReader, task: ChannelTask, buffers: int = PIECE_BUFFERS) -> None:
+        self.reader, self.task, self.buffers = reader, task, buffers
+        self.bytes = self.trailing = 0
+
+    def __iter__(self) -> Iterator[tuple[FramedChannels, int]]:
+        carry, before = b"", 0
+        for source in self.task.inputs + self.task.outputs:
+            for first in range(0, len(source.offsets), self.buffers):
+                offsets = source.offsets[first : first + self.buffers]
+                piece = self.reader.payload(BufferSource(source.location, source.inline, source.segment, offsets, source.beneath))
+                self.bytes += len(piece)
+                data = carry + piece if carry else piece
+                del piece
+                records = frame_channel(data)
+                cut = len(data) - records.trailing
+                carry = data[cut:]
+                count = len(records.starts)
+                yield (
+                    FramedChannels(
+                        ChannelRecords(records.data, records.starts, records.ends, records.tags, 0),
+                        np.array([0, cut], dtype=np.int64),
+                        np.array([0, count], dtype=np.int64),
+                        np.zeros(count, dtype=np.int64),
+                        np.zeros(1, dtype=np.int64),
+                    ),
+                    before,
+                )
+                before += count
+                del data, records
+        self.trailing = len(carry)
+
+
 def scan_in_pieces(
     reader: ChannelStateReader,
     task: ChannelTask,
@@ -211,42 +250,24 @@ def scan_in_pieces(
     parallelism: int,
     buffers: int = PIECE_BUFFERS,
 ) -> ScanColumns:
-    """``_scan_framed`` of one channel, read ``buffers`` of its buffers at a time (its input side,
-    then its output side, as stitched), a record cut between two pieces carried into the next: the
-    figures are sums over the pieces, but for its bytes and the cut record at its end."""
-    parts, carry, total = [], b"", 0
+    """``_scan_framed`` of one channel, a piece at a time (``ChannelPieces``): the figures are sums
+    over the pieces, but for its bytes and the cut record at its end."""
     upstream = np.array([task.upstream_subtask], dtype=np.int64)
     downstream = np.array([task.downstream_subtask], dtype=np.int64)
     none = np.zeros(1, dtype=np.int64)
-    for source in task.inputs + task.outputs:
-        for first in range(0, len(source.offsets), buffers):
-            offsets = source.offsets[first : first + buffers]
-            piece = reader.payload(BufferSource(source.location, source.inline, source.segment, offsets, source.beneath))
-            total += len(piece)
-            data = carry + piece if carry else piece
-            del piece
-            records = frame_channel(data)
-            cut = len(data) - records.trailing
-            carry = data[cut:]
-            whole = FramedChannels(
-                ChannelRecords(records.data, records.starts, records.ends, records.tags, 0),
-                np.array([0, cut], dtype=np.int64),
-                np.array([0, len(records.starts)], dtype=np.int64),
-                np.zeros(len(records.starts), dtype=np.int64),
-                np.zeros(1, dtype=np.int64),
-            )
-            parts.append(
-                _scan_framed(whole, exchange, exchange_index, upstream, downstream, none, none, max_parallelism, parallelism)
-            )
-            del data, records, whole
+    pieces = ChannelPieces(reader, task, buffers)
+    parts = [
+        _scan_framed(framed, exchange, exchange_index, upstream, downstream, none, none, max_parallelism, parallelism)
+        for framed, _ in pieces
+    ]
     fixed = {
         "exchange_index": exchange_index,
         "upstream_subtask": task.upstream_subtask,
         "downstream_subtask": task.downstream_subtask,
         "input_buffers": _buffers(task.inputs) if task.inputs else 0,
         "output_buffers": _buffers(task.outputs) if task.outputs else 0,
-        "bytes": total,
-        "trailing_bytes": len(carry),
+        "bytes": pieces.bytes,
+        "trailing_bytes": pieces.trailing,
     }
     result = ScanColumns.empty()
     result.columns = {

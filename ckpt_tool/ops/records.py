@@ -28,7 +28,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import BatchRows, ChannelTable, ChannelTask, channel_tasks, framed_blocks, read_channel
+from ckpt_tool.engine.tasks import (
+    LARGE_CHANNEL_BYTES,
+    BatchRows,
+    ChannelPieces,
+    ChannelTable,
+    ChannelTask,
+    channel_tasks,
+    framed_blocks,
+    read_channel,
+)
 from ckpt_tool.errors import CkptError, naming
 from ckpt_tool.flink.channel_state import ChannelStateReader, pointwise_channels
 from ckpt_tool.flink.checkpoint import Checkpoint
@@ -79,7 +88,7 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 held = 0
 
         current = None
-        for index, framed, upstream, downstream, parallelisms in _framed(BatchRows.of(channels), reader, context.labels):
+        for index, framed, upstream, downstream, parallelisms, before in _framed(BatchRows.of(channels), reader, context.labels):
             if index != current:
                 flush()  # a row group's records are of one exchange (the same columns)
                 current = index
@@ -109,7 +118,7 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
                 columns = record_columns(
                     records,
                     chosen,
-                    chosen - framed.first[channel],
+                    chosen - framed.first[channel] + before,
                     where,
                     decodings[index],
                     *parallelisms,
@@ -127,21 +136,30 @@ def export_batch(channels: ChannelTable | list[ChannelTask], context: ExportCont
 
 def _framed(
     rows: BatchRows, reader: ChannelStateReader, labels: list[str]
-) -> Iterator[tuple[int, FramedChannels, np.ndarray, np.ndarray, tuple[int, int]]]:
+) -> Iterator[tuple[int, FramedChannels, np.ndarray, np.ndarray, tuple[int, int], int]]:
     """(exchange index, channels of it framed together, their upstream and downstream subtasks,
-    the exchange's max parallelism and downstream parallelism), a block of ``framed_blocks`` at a
-    time; where a block does not read or frame, its channels one by one, which raises the error
-    that names the channel."""
-    for block in framed_blocks(rows, reader):
+    the exchange's max parallelism and downstream parallelism, how many elements of a channel came
+    before: 0 but in a piece of a large channel), a block of ``framed_blocks`` at a time; a channel
+    of more than LARGE_CHANNEL_BYTES in pieces (``ChannelPieces``); where a block does not read or
+    frame, its channels one by one, which raises the error that names the channel."""
+    for block in framed_blocks(rows, reader, read_up_to=LARGE_CHANNEL_BYTES):
         index, start, stop = block.exchange_index, block.start, block.stop
         parallelisms = rows.parallelisms(start)
         if block.read is not None:
-            yield index, block.read[0], rows.upstream[start:stop], rows.downstream[start:stop], parallelisms
+            yield index, block.read[0], rows.upstream[start:stop], rows.downstream[start:stop], parallelisms, 0
             continue
         for i, one in enumerate(rows.tasks(start, stop), start):
             with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
+                if one.size > LARGE_CHANNEL_BYTES:
+                    try:
+                        for piece, before in ChannelPieces(reader, one):
+                            yield index, piece, rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms, before
+                    except CkptError:
+                        read_channel(reader, one)  # read whole, it names the element that does not read
+                        raise
+                    continue
                 records = read_channel(reader, one)
-            yield index, FramedChannels.of(records), rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms
+            yield index, FramedChannels.of(records), rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms, 0
 
 
 @dataclass
