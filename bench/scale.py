@@ -22,7 +22,9 @@ Flink's classes (fixtures/java/ReferenceReader.java) count in it the records of 
 its key group's subtask, none twice (``reference_records``; where the input's ``_metadata`` is larger
 than LARGE_METADATA_MB or its in-flight bytes than LARGE_BYTES, Flink's reader gets 16 GiB and counts
 the output only, against what the generator wrote plus its own count of the base fixture).
-With ``--spark``, the rescale at p=1024 on Spark.
+With ``--spark``, the rescale at p=1024 on Spark. With ``--down-to-one``, at the largest parallelism,
+also ``rescale`` to parallelism 1 (one route task of all the bytes), then ``verify --schema`` and
+``records`` of its output (one channel of all of them), and Flink's reader's count of that output.
 
 The machine may be shared: wall times then vary with the load; CPU seconds vary less.
 Per layout, each command's time at the largest p over its time at the smallest (CPU seconds),
@@ -33,7 +35,7 @@ The last line: ``scale_flatness`` = the worst of these ratios over every command
 ``verify --schema``, ``rescale``), and ``metadata_vs_flink``.
 
     python bench/scale.py [--parallelism 16 128 1024 4096] [--channels dense sparse] [--bytes 50000000] [--spark]
-        [--handles plain|merged]
+        [--handles plain|merged] [--down-to-one]
 """
 
 from __future__ import annotations
@@ -192,7 +194,27 @@ def reference_keyed(checkpoint: Path, base: Path) -> dict:
     return next(k for k in json.loads(result.stdout)["keyed_operators"] if k["operator"] == SLOW_COUNT)
 
 
-def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool, handles: Optional[str] = None) -> dict:
+def down_to_one(source: Path, inputs: list[str], base: Path, before: dict) -> dict:
+    """``rescale`` of ``source`` to parallelism 1 (one new input channel fed by every old one: one
+    route task of all the bytes), then ``verify --schema`` and ``records`` of its output (one
+    channel of all the in-flight data), timed as the other commands; Flink's reader counts the
+    output's records, none outside the one subtask, none twice."""
+    single = source.parent.parent / "one" / "job" / "chk-3"
+    runs = {
+        "rescale": timed([CKPT, "rescale", str(source), str(single), "-p", "1", "--json", *inputs]),
+        "verify --schema": timed([CKPT, "verify", str(single), "--json", *inputs]),
+        "records": timed([CKPT, "records", str(single), "--out", str(single.parent.parent / "records.parquet"), *inputs]),
+    }
+    after = reference_keyed(single, base)
+    if (after["records"], after["misplaced_records"], after["duplicate_records"]) != (before["records"], 0, 0):
+        raise RuntimeError(f"the output of {source} rescaled to 1: Flink's reader finds {after}, before {before}")
+    shutil.rmtree(single.parent.parent, ignore_errors=True)
+    return {"runs": runs, "reference_records": after["records"]}
+
+
+def bench_one(
+    work: Path, parallelism: int, channels: str, total_bytes: int, spark: bool, handles: Optional[str] = None, one: bool = False
+) -> dict:
     source = work / f"p{parallelism}-{channels}" / "job" / "chk-3"
     started = time.perf_counter()
     base = LARGE_FIXTURE  # one base at every parallelism: the same keyed state, max parallelism 4,096
@@ -246,6 +268,8 @@ def bench_one(work: Path, parallelism: int, channels: str, total_bytes: int, spa
     if (after["records"], after["misplaced_records"], after["duplicate_records"]) != (before["records"], 0, 0):
         raise RuntimeError(f"the rescaled output of p={parallelism} {channels}: Flink's reader finds {after}, before {before}")
     row["reference_records"] = after["records"]
+    if one:
+        row["down_to_one"] = down_to_one(source, inputs, base, before)
     if spark:
         shutil.rmtree(target.parent.parent, ignore_errors=True)
         row["spark"] = timed([CKPT, "rescale", str(source), str(target), "-p", str(3 * parallelism // 4), "--json",
@@ -271,6 +295,11 @@ def main() -> int:
     parser.add_argument(
         "--handles", choices=("plain", "merged"), help="channel state handles to generate (default: as the base, merged)"
     )
+    parser.add_argument(
+        "--down-to-one",
+        action="store_true",
+        help="at the largest parallelism, also rescale to 1 and verify and export the output (one channel of all the bytes)",
+    )
     args = parser.parse_args()
     flink_env.ensure_flink("2.3.0")
     work = Path(args.work or tempfile.mkdtemp(prefix="ckpt-bench-scale-"))
@@ -279,7 +308,8 @@ def main() -> int:
         for channels in args.channels:
             same_bytes = args.bytes
             for parallelism in sorted(args.parallelism, reverse=True):  # the largest sets the bytes of all
-                row = bench_one(work, parallelism, channels, same_bytes, args.spark and parallelism == 1024, args.handles)
+                spark, one = args.spark and parallelism == 1024, args.down_to_one and parallelism == max(args.parallelism)
+                row = bench_one(work, parallelism, channels, same_bytes, spark, args.handles, one)
                 if parallelism == max(args.parallelism):
                     same_bytes = row["bytes"]
                 rows.append(row)
@@ -298,6 +328,17 @@ def main() -> int:
                     + ("" if row["reference_input"] == "Flink's reader" else " (input: generated + base)"),
                     flush=True,
                 )
+                if "down_to_one" in row:
+                    one = row["down_to_one"]
+                    print(
+                        f"p={parallelism} channels={channels} down_to_one "
+                        + " ".join(
+                            f"{_label(name)}_s={r['wall_s']:.2f}/{r['cpu_s']:.2f}cpu rss={r['rss_mb']} pss={r['pss_mb']}"
+                            for name, r in one["runs"].items()
+                        )
+                        + f" reference_records={one['reference_records']}",
+                        flush=True,
+                    )
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
