@@ -256,10 +256,18 @@ def scan_in_pieces(
     downstream = np.array([task.downstream_subtask], dtype=np.int64)
     none = np.zeros(1, dtype=np.int64)
     pieces = ChannelPieces(reader, task, buffers)
-    parts = [
-        _scan_framed(framed, exchange, exchange_index, upstream, downstream, none, none, max_parallelism, parallelism)
-        for framed, _ in pieces
-    ]
+    summed = dict.fromkeys(("records", "watermarks", "other_elements", "misplaced_records"), 0)
+    histograms: dict[int, np.ndarray] = {}
+    held = []
+    for framed, _ in pieces:  # each piece's figures added up as it comes
+        part = _scan_framed(framed, exchange, exchange_index, upstream, downstream, none, none, max_parallelism, parallelism)
+        for name in summed:
+            summed[name] += int(part.columns[name][0])
+        for index, counts in part.histograms.items():
+            known = histograms.get(index)
+            histograms[index] = counts if known is None else known + counts
+        if len(part.holdings):
+            held.append(part.holdings)
     fixed = {
         "exchange_index": exchange_index,
         "upstream_subtask": task.upstream_subtask,
@@ -270,15 +278,8 @@ def scan_in_pieces(
         "trailing_bytes": pieces.trailing,
     }
     result = ScanColumns.empty()
-    result.columns = {
-        name: np.array([fixed[name] if name in fixed else sum(int(part.columns[name][0]) for part in parts)], dtype=np.int64)
-        for name in FIGURES
-    }
-    for part in parts:
-        for index, counts in part.histograms.items():
-            known = result.histograms.get(index)
-            result.histograms[index] = counts if known is None else known + counts
-    held = [part.holdings for part in parts if len(part.holdings)]
+    result.columns = {name: np.array([fixed[name] if name in fixed else summed[name]], dtype=np.int64) for name in FIGURES}
+    result.histograms = histograms
     if held:
         result.holdings = np.unique(np.concatenate(held))
     return result

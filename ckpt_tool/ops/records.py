@@ -150,7 +150,7 @@ def _framed(
             continue
         for i, one in enumerate(rows.tasks(start, stop), start):
             with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
-                if one.size > LARGE_CHANNEL_BYTES:
+                if rows.size[i] > LARGE_CHANNEL_BYTES:
                     try:
                         for piece, before in ChannelPieces(reader, one):
                             yield index, piece, rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms, before
