@@ -40,3 +40,24 @@ def test_job_dir_found_from_file_merging_directories_alone():
     mapping = PathMapping.detect(md, "/moved/job/chk-7")
     assert mapping.resolve("file:/old/job/taskowned/job_1_tm_2/a") == "/moved/job/taskowned/job_1_tm_2/a"
     assert mapping.resolve("file:/old/job/shared/job_1_op_3_0_2/b") == "/moved/job/shared/job_1_op_3_0_2/b"
+
+
+def test_a_job_restored_in_claim_mode_keeps_the_files_of_the_job_before_where_they_are():
+    # restored in CLAIM mode, job B's checkpoints reference job A's shared files where A wrote
+    # them; with no file in B's chk-7 (private state inline) the job directory is the one named as
+    # the checkpoint's parent, whichever file the metadata lists first
+    md = metadata_with("file:/ck/A/shared/x", "file:/ck/B/shared/y")
+    in_place = PathMapping.detect(md, "/ck/B/chk-7")
+    assert in_place.resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"
+    assert in_place.resolve("file:/ck/B/shared/y") == "/ck/B/shared/y"
+    moved = PathMapping.detect(md, "/copy/B/chk-7")
+    assert moved.resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"
+    assert moved.resolve("file:/ck/B/shared/y") == "/copy/B/shared/y"
+
+
+def test_moved_where_its_name_is_not_kept_the_job_directory_most_files_lie_under_is_the_original():
+    md = metadata_with("file:/ck/A/shared/x", "file:/ck/B/shared/y", "file:/ck/B/shared/z")
+    mapping = PathMapping.detect(md, "/elsewhere/chk-7")
+    assert mapping.original_job_dir == "/ck/B"
+    assert mapping.resolve("file:/ck/B/shared/z") == "/elsewhere/shared/z"
+    assert mapping.resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
@@ -43,7 +44,9 @@ class PathMapping:
     and ``…/<job>/taskowned/job_<id>_tm_<tm>/<uuid>``. A checkpoint copied elsewhere keeps those
     paths; the original ``chk-<id>`` directory is found at the checkpoint's current location, and
     anything else under the original job directory at the same place under the checkpoint's current
-    parent.
+    parent. A job restored in CLAIM mode (or LEGACY) references files under the directory of the
+    job it was restored from (``…/<old-job>/shared/<uuid>``): the original job directory is the one
+    named as the checkpoint's current parent is, else the one most of its files lie under.
     """
 
     original_job_dir: str | None
@@ -55,12 +58,13 @@ class PathMapping:
         paths = [normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))]
         exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
         job_owned = re.compile(r"^(.*)/(shared|taskowned|dstl)/([^/]+/)?[^/]+$")
+        here = parent(normalize_uri(checkpoint_dir).rstrip("/")).rstrip("/").rsplit("/", 1)[-1]
         for pattern in (exclusive, job_owned):  # a file inside the checkpoint directory says most
-            for path in paths:
-                match = pattern.match(path)
-                if match:
-                    job_dir = match.group(1)
-                    return PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)
+            found = Counter(match.group(1) for match in map(pattern.match, paths) if match)
+            if found:
+                named = [job_dir for job_dir in found if job_dir.rsplit("/", 1)[-1] == here]
+                job_dir = named[0] if named else found.most_common(1)[0][0]
+                return PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)
         return PathMapping(None, None, checkpoint_dir)
 
     def resolve(self, path: str) -> str:
