@@ -93,7 +93,7 @@ def test_a_channel_in_pieces_holds_its_elements_in_order(name, buffers):
     with ChannelStateReader() as reader:
         for t in tasks:
             whole = read_channel(reader, t)
-            pieces = ChannelPieces(reader, t, buffers)
+            pieces = ChannelPieces.of(reader, t, buffers)
             elements: list = []
             for framed, before in pieces:
                 assert before == len(elements) and framed.trailing.tolist() == [0]

@@ -162,7 +162,7 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
         for block in framed_blocks(rows, reader, read_up_to=LARGE_CHANNEL_BYTES):
             exchange = exchanges[block.exchange_index]
             max_parallelism, parallelism = rows.parallelisms(block.start)
-            if block.read is None and block.stop - block.start == 1 and rows.size[block.start] > LARGE_CHANNEL_BYTES:
+            if block.large:
                 try:  # a large channel, in pieces (else on its own, below, which names what does not read)
                     (task,) = rows.tasks(block.start, block.stop)
                     parts.append(scan_in_pieces(reader, task, exchange, block.exchange_index, max_parallelism, parallelism))
@@ -203,22 +203,36 @@ PIECE_BUFFERS = 256
 
 
 class ChannelPieces:
-    """One channel's stream (its input side, then its output side, as stitched), read ``buffers``
-    of its buffers at a time and framed piece by piece, a record cut between two pieces carried
-    into the next: iterates as (the piece's whole elements framed as one channel, how many
-    elements came before it). Once iterated, ``bytes`` is the channel's and ``trailing`` the bytes
-    of a cut record at its end."""
+    """A stream of buffers (a channel's: its input side, then its output side, as stitched; or a
+    written handle's), read ``buffers`` of them at a time and framed piece by piece, a record cut
+    between two pieces carried into the next: iterates as (the piece's whole elements framed as
+    one channel, how many elements came before it). Once iterated, ``bytes`` is the stream's,
+    ``trailing`` the bytes of a cut record at its end and, with ``lengths``, ``lengths`` each
+    buffer's payload length, in order."""
 
-    def __init__(self, reader: ChannelStateReader, task: ChannelTask, buffers: int = PIECE_BUFFERS) -> None:
-        self.reader, self.task, self.buffers = reader, task, buffers
+    def __init__(
+        self, reader: ChannelStateReader, sources: Sequence[BufferSource], buffers: int = PIECE_BUFFERS, lengths: bool = False
+    ) -> None:
+        self.reader, self.sources, self.buffers, self.want_lengths = reader, sources, buffers, lengths
         self.bytes = self.trailing = 0
+        self.lengths: list[int] = []
+
+    @classmethod
+    def of(cls, reader: ChannelStateReader, task: ChannelTask, buffers: int = PIECE_BUFFERS) -> ChannelPieces:
+        """One channel's stream, its input side, then its output side."""
+        return cls(reader, task.inputs + task.outputs, buffers)
 
     def __iter__(self) -> Iterator[tuple[FramedChannels, int]]:
         carry, before = b"", 0
-        for source in self.task.inputs + self.task.outputs:
+        for source in self.sources:
             for first in range(0, len(source.offsets), self.buffers):
                 offsets = source.offsets[first : first + self.buffers]
-                piece = self.reader.payload(BufferSource(source.location, source.inline, source.segment, offsets, source.beneath))
+                part = BufferSource(source.location, source.inline, source.segment, offsets, source.beneath)
+                if self.want_lengths:
+                    piece, lengths = self.reader.payload_and_lengths(part)
+                    self.lengths += lengths
+                else:
+                    piece = self.reader.payload(part)
                 self.bytes += len(piece)
                 data = carry + piece if carry else piece
                 del piece
@@ -255,7 +269,7 @@ def scan_in_pieces(
     upstream = np.array([task.upstream_subtask], dtype=np.int64)
     downstream = np.array([task.downstream_subtask], dtype=np.int64)
     none = np.zeros(1, dtype=np.int64)
-    pieces = ChannelPieces(reader, task, buffers)
+    pieces = ChannelPieces.of(reader, task, buffers)
     summed = dict.fromkeys(("records", "watermarks", "other_elements", "misplaced_records"), 0)
     histograms: dict[int, np.ndarray] = {}
     held = []
@@ -347,12 +361,14 @@ class BatchRows:
 class FramedBlock:
     """Rows ``start`` to ``stop`` of a batch, all of one exchange, and ``read`` of them
     (``BatchRows.read``), or None where they did not read or frame together: then the caller
-    reads them channel by channel, which names the channel that does not read."""
+    reads them channel by channel, which names the channel that does not read. ``large``: one
+    channel of more than ``read_up_to`` bytes, left unread for the caller to read in pieces."""
 
     exchange_index: int
     start: int
     stop: int
     read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]]
+    large: bool = False
 
 
 def framed_blocks(rows: BatchRows, reader: ChannelStateReader, read_up_to: Optional[int] = None) -> Iterator[FramedBlock]:
@@ -366,7 +382,7 @@ def framed_blocks(rows: BatchRows, reader: ChannelStateReader, read_up_to: Optio
         exchange_index = int(index[run_start])
         for start, stop in _row_blocks(rows.size[run_start:run_stop], run_start, READ_TOGETHER_BYTES):
             if read_up_to is not None and stop - start == 1 and rows.size[start] > read_up_to:
-                yield FramedBlock(exchange_index, start, stop, None)
+                yield FramedBlock(exchange_index, start, stop, None, large=True)
                 continue
             try:
                 read: Optional[tuple[FramedChannels, np.ndarray, np.ndarray]] = rows.read(reader, start, stop)
@@ -999,24 +1015,18 @@ def _read_back_one_by_one(task: ReadBackTask) -> ReadBack:
     np.cumsum(task.counts, out=bounds[1:])
     with ChannelStateReader() as reader:
         for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            # READ_BACK_BUFFERS at a time, a cut record carried into the next ones: a handle holds
-            # a new channel's records, all of them where a rescale to parallelism 1 made it
-            digest, count, carry = xxhash.xxh3_128(), 0, b""
-            for first in range(start, stop, READ_BACK_BUFFERS):
-                last = min(stop, first + READ_BACK_BUFFERS)
-                source = BufferSource(task.location, None, None, task.offsets[first:last].tolist())
-                stream, own = reader.payload_and_lengths(source)
-                lengths += own
-                data = carry + stream if carry else stream
-                del stream
-                framed = frame_channel(data)
-                count += int(framed.is_record.sum())
-                cut = len(data) - framed.trailing
-                digest.update(memoryview(data)[:cut])
-                carry = data[cut:]
+            # READ_BACK_BUFFERS at a time: a handle holds a new channel's records, all of them
+            # where a rescale to parallelism 1 made it
+            source = BufferSource(task.location, None, None, task.offsets[start:stop].tolist())
+            pieces = ChannelPieces(reader, [source], READ_BACK_BUFFERS, lengths=True)
+            digest, count = xxhash.xxh3_128(), 0
+            for framed, _ in pieces:
+                count += int(framed.records.is_record.sum())
+                digest.update(memoryview(framed.records.data)[: int(framed.bounds[1])])
+            lengths += pieces.lengths
             digests.append(digest.digest())
             records.append(count)
-            trailing.append(len(carry))
+            trailing.append(pieces.trailing)
     problem = _coverage(task, np.array(lengths, dtype=np.int64))
     return ReadBack(
         task.name,

@@ -150,9 +150,9 @@ def _framed(
             continue
         for i, one in enumerate(rows.tasks(start, stop), start):
             with naming(f"{labels[index]}, channel {one.upstream_subtask} -> {one.downstream_subtask}"):
-                if rows.size[i] > LARGE_CHANNEL_BYTES:
+                if block.large:
                     try:
-                        for piece, before in ChannelPieces(reader, one):
+                        for piece, before in ChannelPieces.of(reader, one):
                             yield index, piece, rows.upstream[i : i + 1], rows.downstream[i : i + 1], parallelisms, before
                     except CkptError:
                         read_channel(reader, one)  # read whole, it names the element that does not read
