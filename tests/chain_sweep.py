@@ -13,7 +13,9 @@ Found (2026-11-28): a repair of a rescaled ``flink23-sideout-p2`` that carried 6
 source's ``ckpt-inflight-…`` file while writing its own file of that name had referenced its new
 file as the old one (exit 0; Flink: ``EOFException``), and Flink 1.15's checkpoints rescaled twice
 were refused ("keyed state files describe their states differently"). Both are fixed, and every
-fixture's chains now restore exactly on Flink 1.13 to 2.3.
+fixture's chains now restore exactly on Flink 1.13 to 2.3. The CLAIM-mode fixture
+(``flink23-rocksdb-claim-p2``, whose outputs reference the old job's files where ckpt read them) is
+swept too (2026-11-29: the default chain and ``rescale:1 rescale:4 repair rescale:2`` exact).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "fixtures")]
 
 from flink_fuzz import restore  # noqa: E402
 
-from catalog import CAPTURED  # noqa: E402
+from catalog import CAPTURED, CLAIMED  # noqa: E402
 
 CKPT = Path(sys.executable).parent / "ckpt"
 
@@ -50,7 +52,7 @@ def main() -> int:
     args = parser.parse_args()
     failed = 0
     with tempfile.TemporaryDirectory(prefix="ckpt-chain-sweep-") as work:
-        for fixture in CAPTURED:
+        for fixture in CAPTURED + CLAIMED:
             if (args.fixtures and fixture.name not in args.fixtures) or not fixture.plan:
                 continue
             inputs = ["--plan", str(fixture.plan)] + (["--schema", str(fixture.schema)] if fixture.schema else [])

@@ -25,7 +25,10 @@ to the same parallelism carried unchanged with a subpartition out of range or a 
 (exit 0; now proven before writing, ``ckpt_tool/carried.py``), and a canonical savepoint's key-group
 offset moved inside its key group, still in order (exit 0; now read as Flink reads it), a
 file-merging segment's scope Flink does not have and a RocksDB file name holding a NUL (exit 0; now
-refused as the metadata is read). Left: opaque
+refused as the metadata is read). Then (2026-11-29) nothing new in ``flink120-filemerging-rocksdb-p2``
+(seed 71: every DIFF is Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring
+exactly) nor in ``flink23-sideout-p2`` (seed 72: one DIFF, a chained sink's operator id altered, the
+limitation above). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """

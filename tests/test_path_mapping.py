@@ -61,3 +61,42 @@ def test_moved_where_its_name_is_not_kept_the_job_directory_most_files_lie_under
     assert mapping.original_job_dir == "/ck/B"
     assert mapping.resolve("file:/ck/B/shared/z") == "/elsewhere/shared/z"
     assert mapping.resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"
+
+
+def test_the_files_of_the_job_before_copied_along_are_read_beside_the_checkpoint():
+    # a copy of the whole checkpoints directory keeps job A beside job B: A's files are read there
+    # (looked for once, on A's first file); where the copy does not hold them, where Flink wrote them
+    md = metadata_with("file:/ck/A/shared/x", "file:/ck/A/shared/w", "file:/ck/B/shared/y", "file:/ck/Z/elsewhere/v")
+    asked: list[str] = []
+
+    def copied(path: str) -> bool:
+        asked.append(path)
+        return path.startswith("/copy/")
+
+    moved = PathMapping.detect(md, "/copy/B/chk-7", copied)
+    assert asked == ["/copy/A/shared/x"]
+    assert moved.resolve("file:/ck/A/shared/x") == "/copy/A/shared/x"
+    assert moved.resolve("file:/ck/A/shared/w") == "/copy/A/shared/w"
+    assert moved.resolve("file:/ck/B/shared/y") == "/copy/B/shared/y"
+    assert moved.resolve("file:/ck/Z/elsewhere/v") == "/ck/Z/elsewhere/v"
+    assert PathMapping.detect(md, "/other/B/chk-7", lambda path: False).resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"
+    in_place = PathMapping.detect(md, "/ck/B/chk-7", copied)
+    assert asked == ["/copy/A/shared/x"] and in_place.resolve("file:/ck/A/shared/x") == "/ck/A/shared/x"
+    # a job directory in another checkpoints directory is not looked for beside this one
+    md = metadata_with("file:/elsewhere/A/shared/x", "file:/ck/B/shared/y")
+    assert PathMapping.detect(md, "/copy/B/chk-7", copied).resolve("file:/elsewhere/A/shared/x") == "/elsewhere/A/shared/x"
+
+
+def test_a_checkpoint_with_only_another_jobs_files_not_beside_it_was_not_moved():
+    # ckpt's output carries its own files relative to itself and references a CLAIM-mode job's
+    # files where it found them: where they are still there and not beside it, read as written
+    md = metadata_with("file:/copy/A/shared/x", "file:/copy/A/shared/w")
+    where_written = PathMapping.detect(md, "/out/chk-1", lambda path: path.startswith("/copy/"))
+    assert where_written.resolve("file:/copy/A/shared/x") == "/copy/A/shared/x"
+    beside = PathMapping.detect(md, "/moved/chk-1", lambda path: path == "/moved/shared/x")
+    assert beside.resolve("file:/copy/A/shared/w") == "/moved/shared/w"
+    # found nowhere: read as moved, so that what is missing is named where the checkpoint is now
+    assert PathMapping.detect(md, "/moved/chk-1", lambda path: False).resolve("file:/copy/A/shared/w") == "/moved/shared/w"
+    # where written in another kind of store (a local path, the checkpoint on S3): read as moved
+    on_s3 = PathMapping.detect(md, "s3://b/moved/chk-1", lambda path: path.startswith("/copy/"))
+    assert on_s3.resolve("file:/copy/A/shared/w") == "s3://b/moved/shared/w"

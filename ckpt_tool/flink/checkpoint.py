@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -46,15 +46,23 @@ class PathMapping:
     anything else under the original job directory at the same place under the checkpoint's current
     parent. A job restored in CLAIM mode (or LEGACY) references files under the directory of the
     job it was restored from (``…/<old-job>/shared/<uuid>``): the original job directory is the one
-    named as the checkpoint's current parent is, else the one most of its files lie under.
+    named as the checkpoint's current parent is, else the one most of its files lie under. Such a
+    job's files are read beside the checkpoint's job directory where they were copied along with it
+    (``<checkpoints>/<old-job>/shared/<uuid>``, as a copy of the whole checkpoints directory keeps
+    them: ``exists`` finds the first one), else where Flink wrote them. A checkpoint with no file
+    in its own directory whose files all lie in another job's (ckpt's output carries its own files
+    relative to itself, and references such files where it found them) is not taken for moved
+    where its first file is still where it was written, in the checkpoint's kind of store, and not
+    beside it.
     """
 
     original_job_dir: str | None
     original_checkpoint_dir: str | None
     checkpoint_dir: str
+    siblings: dict[str, str] = field(default_factory=dict)  # another job's original directory -> where it is now
 
     @staticmethod
-    def detect(metadata: CheckpointMetadata, checkpoint_dir: str) -> PathMapping:
+    def detect(metadata: CheckpointMetadata, checkpoint_dir: str, exists: Optional[Callable[[str], bool]] = None) -> PathMapping:
         paths = [normalize_uri(h.path) for h in iter_stream_handles(metadata) if isinstance(h, (FileHandle, SegmentFileHandle))]
         exclusive = re.compile(rf"^(.*)/chk-{metadata.checkpoint_id}/.+$")
         job_owned = re.compile(r"^(.*)/(shared|taskowned|dstl)/([^/]+/)?[^/]+$")
@@ -64,8 +72,39 @@ class PathMapping:
             if found:
                 named = [job_dir for job_dir in found if job_dir.rsplit("/", 1)[-1] == here]
                 job_dir = named[0] if named else found.most_common(1)[0][0]
-                return PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)
+                mapping = PathMapping(job_dir, f"{job_dir}/chk-{metadata.checkpoint_id}", checkpoint_dir)
+                if pattern is job_owned and not named and exists is not None:
+                    # only another job's files, none in the checkpoint's own directory (a checkpoint
+                    # ckpt wrote carries its own): where they are not beside it but still where they
+                    # were written, in the checkpoint's kind of store, they were never moved
+                    first = next(path for path in paths if path.startswith(job_dir + "/"))
+                    if is_local(first) == is_local(checkpoint_dir) and not exists(mapping.resolve(first)) and exists(first):
+                        return PathMapping(None, None, checkpoint_dir)
+                if exists is not None and mapping.original_checkpoint_dir != checkpoint_dir:
+                    mapping.siblings = mapping._copied_along(paths, job_owned, exists)
+                return mapping
         return PathMapping(None, None, checkpoint_dir)
+
+    def _copied_along(self, paths: list[str], job_owned: re.Pattern, exists: Callable[[str], bool]) -> dict[str, str]:
+        """The directories of other jobs beside the original job directory (in the checkpoints
+        directory) whose files lie at the same place beside the checkpoint's job directory now,
+        each tried once, on its first file (a path each: millions of channel handles name a few files)."""
+        assert self.original_job_dir is not None
+        own, beside = self.original_job_dir + "/", parent(self.original_job_dir).rstrip("/") + "/"
+        base = parent(parent(self.checkpoint_dir)).rstrip("/")
+        siblings: dict[str, str] = {}
+        tried: set[str] = set()
+        for path in paths:
+            if path.startswith(own) or not path.startswith(beside):
+                continue
+            name = path[len(beside) :].split("/", 1)[0]
+            if name in tried or not job_owned.match(path):
+                continue
+            tried.add(name)
+            other, now = beside + name, f"{base}/{name}"
+            if now != other and exists(now + path[len(other) :]):
+                siblings[other] = now
+        return siblings
 
     def resolve(self, path: str) -> str:
         path = normalize_uri(path)
@@ -76,6 +115,9 @@ class PathMapping:
             return self.checkpoint_dir + path[len(checkpoint_dir) :]
         if path.startswith(job_dir + "/"):
             return parent(self.checkpoint_dir) + path[len(job_dir) :]
+        for other, now in self.siblings.items():
+            if path.startswith(other + "/"):
+                return now + path[len(other) :]
         return path
 
 
@@ -141,7 +183,7 @@ class Checkpoint:
         data = io.read_at_most(metadata_uri, MAX_METADATA_BYTES)
         metadata = read_metadata(data, source=metadata_uri)
         refuse_escaping_paths(metadata, metadata_uri)
-        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri), chosen_from=chosen_from)
+        checkpoint = Checkpoint(uri, io, metadata, PathMapping.detect(metadata, uri, exists), chosen_from=chosen_from)
         checkpoint._metadata_digest = xxhash.xxh3_128_digest(data)
         del data
         if is_local(uri):
@@ -260,6 +302,11 @@ class Checkpoint:
         if isinstance(handle, SegmentFileHandle):
             return self.io.read_range(uri, handle.start, handle.size)
         return self.io.read(uri)
+
+
+def exists(uri: str) -> bool:
+    """Whether a file is at ``uri``, in whichever store it names."""
+    return io_for(uri).exists(uri)
 
 
 def job_directory(uri: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Optional
 
 from ckpt_tool.errors import CkptError, OutputExistsError
@@ -94,6 +95,15 @@ def release_source_directories(metadata: CheckpointMetadata) -> None:
                     setattr(s, name, plain)
 
 
+def where_read(handle: FileHandle | RelativeFileHandle | SegmentFileHandle, location: str):
+    """A file outside the source's directories (another job's, in CLAIM mode), referenced where
+    ckpt read it: where Flink wrote it, or beside the source's job directory where a copy of the
+    whole checkpoints directory keeps it (``PathMapping``), so that Flink finds it there too."""
+    if isinstance(handle, RelativeFileHandle) or normalize_uri(handle.path) == location:
+        return handle
+    return replace(handle, path="file:" + os.path.abspath(location) if is_local(location) else location)
+
+
 def write_checkpoint(
     src: Checkpoint,
     metadata: CheckpointMetadata,
@@ -142,7 +152,7 @@ def write_checkpoint(
             return handle
         location = src.file_location(handle)
         if not any(location.startswith(base + "/") for base in (src.uri, job_dir)):
-            return handle  # outside the source's directories: left where it is
+            return where_read(handle, location)  # outside the source's directories: left where it is
         segment = (handle.start, handle.size) if isinstance(handle, SegmentFileHandle) else None
         name = copies.setdefault((location, segment), f"ckpt-copy-{len(copies):06d}")
         return WrittenFileHandle(name, handle.size)
