@@ -28,7 +28,8 @@ file-merging segment's scope Flink does not have and a RocksDB file name holding
 refused as the metadata is read). Then (2026-11-29) nothing new in ``flink120-filemerging-rocksdb-p2``
 (seed 71: every DIFF is Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring
 exactly) nor in ``flink23-sideout-p2`` (seed 72: one DIFF, a chained sink's operator id altered, the
-limitation above). Left: opaque
+limitation above), nor in the CLAIM-mode fixture ``flink23-rocksdb-claim-p2`` (seed 73: 29 OK, and one
+SAME-FAIL, a source coordinator's state altered, on which Flink's job never ends). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """
