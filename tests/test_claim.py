@@ -128,3 +128,19 @@ def test_on_s3_the_other_jobs_files_are_read_beside_and_referenced_there(ckpt, s
     assert all(f.startswith((output + "/", *beside)) for f in files), files
     code, out, _ = ckpt("verify", output, "--json")
     assert code == 0 and json.loads(out)["status"] == "sound", out
+
+
+def test_java_reference_figures_are_current():
+    """Flink's own classes (the Java reference reader) on the committed fixture, with nothing at
+    the paths Flink wrote, give the figures in expected.json."""
+    _remove_where_flink_wrote()
+    result = flink_env.run_java(
+        CLAIM.info["flink_version"],
+        "ReferenceReader",
+        [str(CLAIM.checkpoint), str(CLAIM.directory / "operators.json")],
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    live = json.loads(result.stdout)
+    for key in ("checkpoint_id", "metadata_version", "operators", "logical_channels", "keyed_operators"):
+        assert live.get(key) == CLAIM.expected.get(key), key
