@@ -14,14 +14,13 @@ from pathlib import Path
 
 import boto3
 import pytest
+from test_channels_fixtures import assert_channels_match_flink
+from test_flink_restore import REFERENCE_KEYS, assert_reference_current
 
 import flink_env
 from catalog import CLAIMED
-from ckpt_tool.engine.tasks import channel_tasks, read_channel
 from ckpt_tool.errors import EXIT_UNUSABLE_INPUT
-from ckpt_tool.flink.channel_state import ChannelStateReader
 from ckpt_tool.flink.checkpoint import Checkpoint
-from ckpt_tool.session import Session
 
 (CLAIM,) = CLAIMED
 
@@ -56,21 +55,8 @@ def test_the_checkpoint_references_the_files_of_the_job_it_was_restored_from():
     assert not list(checkpoint.file_problems())
 
 
-def test_its_in_flight_records_are_those_flinks_classes_count():
-    checkpoint = Checkpoint.open(str(CLAIM.checkpoint))
-    exchanges = Session.open(checkpoint.uri, CLAIM.schema, CLAIM.plan).described_exchanges
-    expected = {
-        (c["upstream"], c["downstream"], c.get("gate", 0), c["upstream_subtask"], c["downstream_subtask"]): c["records"]
-        for c in CLAIM.expected["logical_channels"]
-    }
-    counted = {}
-    with ChannelStateReader() as reader:
-        for task in channel_tasks(checkpoint, exchanges):
-            exchange = exchanges[task.exchange_index]
-            key = (exchange.upstream_id, exchange.downstream_id, exchange.gate, task.upstream_subtask, task.downstream_subtask)
-            counted[key] = int(read_channel(reader, task).is_record.sum())
-    assert counted == {key: records for key, records in expected.items() if records or key in counted}
-    assert sum(counted.values()) > 0
+def test_its_logical_channels_are_those_flinks_classes_count():
+    assert_channels_match_flink(CLAIM)
 
 
 def test_verify_reads_the_other_jobs_files_beside_the_copy(ckpt, elsewhere: Path):
@@ -134,13 +120,4 @@ def test_java_reference_figures_are_current():
     """Flink's own classes (the Java reference reader) on the committed fixture, with nothing at
     the paths Flink wrote, give the figures in expected.json."""
     _remove_where_flink_wrote()
-    result = flink_env.run_java(
-        CLAIM.info["flink_version"],
-        "ReferenceReader",
-        [str(CLAIM.checkpoint), str(CLAIM.directory / "operators.json")],
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    live = json.loads(result.stdout)
-    for key in ("checkpoint_id", "metadata_version", "operators", "logical_channels", "keyed_operators"):
-        assert live.get(key) == CLAIM.expected.get(key), key
+    assert_reference_current(CLAIM, REFERENCE_KEYS + ("keyed_operators",))
