@@ -196,19 +196,25 @@ def reference_keyed(checkpoint: Path, base: Path) -> dict:
 
 def down_to_one(source: Path, inputs: list[str], base: Path, before: dict) -> dict:
     """``rescale`` of ``source`` to parallelism 1 (one new input channel fed by every old one: one
-    route task of all the bytes), then ``verify --schema`` and ``records`` of its output (one
-    channel of all the in-flight data), timed as the other commands; Flink's reader counts the
-    output's records, none outside the one subtask, none twice."""
+    route task of all the bytes), then ``verify --schema``, ``records``, ``repair`` and ``rescale``
+    to 4 of its output (one channel of all the in-flight data, which the last two route a piece at
+    a time), timed as the other commands; Flink's reader counts the records of each output, none
+    outside its key group's subtask, none twice."""
     single = source.parent.parent / "one" / "job" / "chk-3"
+    repaired = source.parent.parent / "one-repaired" / "job" / "chk-3"
+    four = source.parent.parent / "one-to-4" / "job" / "chk-3"
     runs = {
         "rescale": timed([CKPT, "rescale", str(source), str(single), "-p", "1", "--json", *inputs]),
         "verify --schema": timed([CKPT, "verify", str(single), "--json", *inputs]),
         "records": timed([CKPT, "records", str(single), "--out", str(single.parent.parent / "records.parquet"), *inputs]),
+        "repair": timed([CKPT, "repair", str(single), str(repaired), "--json", *inputs]),
+        "rescale to 4": timed([CKPT, "rescale", str(single), str(four), "-p", "4", "--json", *inputs]),
     }
-    after = reference_keyed(single, base)
-    if (after["records"], after["misplaced_records"], after["duplicate_records"]) != (before["records"], 0, 0):
-        raise RuntimeError(f"the output of {source} rescaled to 1: Flink's reader finds {after}, before {before}")
-    shutil.rmtree(single.parent.parent, ignore_errors=True)
+    for output in (single, repaired, four):
+        after = reference_keyed(output, base)
+        if (after["records"], after["misplaced_records"], after["duplicate_records"]) != (before["records"], 0, 0):
+            raise RuntimeError(f"{output}, from {source} rescaled to 1: Flink's reader finds {after}, before {before}")
+        shutil.rmtree(output.parent.parent, ignore_errors=True)
     return {"runs": runs, "reference_records": after["records"]}
 
 

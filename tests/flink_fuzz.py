@@ -29,7 +29,10 @@ refused as the metadata is read). Then (2026-11-29) nothing new in ``flink120-fi
 (seed 71: every DIFF is Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring
 exactly) nor in ``flink23-sideout-p2`` (seed 72: one DIFF, a chained sink's operator id altered, the
 limitation above), nor in the CLAIM-mode fixture ``flink23-rocksdb-claim-p2`` (seed 73: 29 OK, and one
-SAME-FAIL, a source coordinator's state altered, on which Flink's job never ends). Left: opaque
+SAME-FAIL, a source coordinator's state altered, on which Flink's job never ends), nor in the SQL
+join ``flink23-sqljoin-p2`` (seeds 74 and 75: 5 OK, 25 refused, no DIFF) nor in
+``flink120-updates-p2`` (seed 76: 27 DIFF, each Flink 1.20.3 failing to rescale its own checkpoint,
+ckpt's output restoring with the exact 30,010). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """

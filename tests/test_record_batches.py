@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import struct
 from itertools import groupby
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +29,14 @@ from ckpt_tool.engine.tasks import (
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.channel_state import ChannelStateReader
 from ckpt_tool.records.batch import frame_channel, frame_channels
-from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
+from ckpt_tool.records.route import (
+    NotTogether,
+    RouteCounters,
+    RouteSpec,
+    route_channel_in_pieces,
+    route_together,
+    route_upstream,
+)
 from ckpt_tool.records.scan import ScanColumns
 from ckpt_tool.session import Session
 
@@ -171,6 +179,71 @@ def test_route_together_equals_route_upstream(name, new_parallelism):
     assert compared + refused
     if name == "flink23-naive-p2":  # replicas: found channel by channel
         assert refused
+
+
+@pytest.mark.parametrize("name", FIXTURES + ["flink23-pojo-p2 keyed by note"])
+@pytest.mark.parametrize("new_parallelism", [1, 3])
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_a_channel_routed_in_pieces_equals_it_routed_whole(name, new_parallelism, buffers, tmp_path):
+    """An upstream subtask's one large channel (a rescale to parallelism 1 makes one of all the
+    in-flight data; ``repair`` or a rescale of that output routes it) is routed a piece at a time:
+    each new subtask gets the same records in the same order, the counters are the same, and a
+    channel ``route_upstream`` refuses (here by a key that is not the job's, a string like the
+    real one) is refused with the same message; here every channel, alone, with pieces of one or
+    two buffers, so that records are cut between nearly every two."""
+    if name.endswith(" keyed by note"):
+        fixture = fixture_named(name.split()[0])
+        schema = tmp_path / "schema.toml"
+        schema.write_text(Path(fixture.schema).read_text().replace('key = ["name"]', 'key = ["note"]'))
+        session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
+    else:
+        session = session_of(name)
+    exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
+    if not exchanges:
+        pytest.skip("no typed exchange")
+    metadata = session.checkpoint.metadata
+    specs = [
+        RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
+    ]
+    compared = refused = 0
+    with ChannelStateReader() as reader:
+        for task in route_tasks(session.checkpoint, exchanges, specs):
+            spec = specs[task.exchange_index]
+            keys = key_groups_of(spec.exchange, spec.max_parallelism)
+            for t in task.channels:
+                old, new = RouteCounters(), RouteCounters()
+                try:
+                    decoded = [(t.downstream_subtask, read_whole_records(reader, t, "x", spec.exchange, keys))]
+                    expected = list(route_upstream(decoded, spec, keys, old, t.upstream_subtask, t.parallelism))
+                except CkptError as exc:
+                    expected = exc
+                pieces = ChannelPieces.of(reader, t, buffers)
+                try:
+                    got = [
+                        routed
+                        for part in route_channel_in_pieces(
+                            pieces, t.downstream_subtask, spec, keys, new, t.upstream_subtask, t.parallelism
+                        )
+                        for routed in part
+                    ]
+                except CkptError as exc:
+                    assert isinstance(expected, CkptError) and str(exc) == str(expected)
+                    refused += 1
+                    continue
+                assert not isinstance(expected, CkptError) and pieces.trailing == 0
+                assert by_target(got) == by_target(expected) and new == old
+                compared += 1
+    assert compared if name in FIXTURES else refused
+
+
+def by_target(routed: list) -> dict:
+    """Each target's records (bytes joined, in order) and their count."""
+    joined: dict = {}
+    for target, data, count in routed:
+        known = joined.setdefault(target, [b"", 0])
+        known[0] += bytes(data)
+        known[1] += count
+    return joined
 
 
 def framed_streams(framed) -> list:

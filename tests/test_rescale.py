@@ -83,6 +83,53 @@ def test_flink_1_20_3_cannot_rescale_the_checkpoint_ckpt_rescales():
         flink_env.restore_count("1.20.3", fixture.checkpoint, 3, backend=fixture.info["backend"], timeout=300)
 
 
+def channel_records(uri, fixture) -> dict:
+    """Each channel's records (bytes joined, in order) by exchange, upstream and downstream subtask."""
+    from ckpt_tool.engine.tasks import channel_tasks, read_channel
+    from ckpt_tool.flink.channel_state import ChannelStateReader
+
+    session = session_of(uri, fixture, LocalEngine())
+    out = {}
+    with ChannelStateReader() as reader:
+        for task in channel_tasks(session.checkpoint, session.described_exchanges):
+            records = read_channel(reader, task)
+            chosen = records.is_record
+            out[(task.exchange_index, task.upstream_subtask, task.downstream_subtask)] = bytes(records.framed(chosen))
+    return out
+
+
+@pytest.mark.flink
+def test_a_large_channel_is_routed_a_piece_at_a_time_and_restores(tmp_path, monkeypatch):
+    """A rescale to parallelism 1 makes one channel of all the in-flight data; a rescale or a
+    ``repair`` of that output routes it a piece of PIECE_BUFFERS buffers at a time (above
+    LARGE_CHANNEL_BYTES), not read whole. Forced here on every channel, a buffer at a time: each
+    new channel holds the records, in the order, of the channel routed whole, the repaired copy
+    is the same bytes, and real Flink restores the rescaled one with the exact count."""
+    from ckpt_tool.engine import tasks
+    from ckpt_tool.ops.repair import repair
+
+    fixture = next(f for f in BASES if f.name == "flink23-hashmap-p2")
+    one = tmp_path / "one" / "job" / fixture.checkpoint.name
+    rescale(session_of(fixture.checkpoint, fixture, LocalEngine()), str(one), 1)
+    outputs = {}
+    for pieces in (False, True):
+        if pieces:
+            monkeypatch.setattr(tasks, "LARGE_CHANNEL_BYTES", 1)
+            monkeypatch.setattr(tasks, "PIECE_BUFFERS", 1)
+        rescaled = tmp_path / f"p3-{pieces}" / "job" / one.name
+        repaired = tmp_path / f"repaired-{pieces}" / "job" / one.name
+        report = rescale(session_of(one, fixture, LocalEngine()), str(rescaled), 3).as_dict()
+        assert report["records_out"] == report["records_in"] > 0
+        report = repair(session_of(one, fixture, LocalEngine()), str(repaired), []).as_dict()
+        assert report["records_out"] == report["records_in"] > 0
+        outputs[pieces] = (rescaled, repaired)
+    (rescaled, repaired), (whole_rescaled, whole_repaired) = outputs[True], outputs[False]
+    assert channel_records(rescaled, fixture) == channel_records(whole_rescaled, fixture)
+    assert tree_digest(repaired.parent) == tree_digest(whole_repaired.parent)
+    info = fixture.info
+    assert flink_env.restore_count(info["flink_version"], rescaled, 3, backend=info["backend"]) == (info["source_records"])
+
+
 def test_repeated_rescales_keep_inflation_at_one(tmp_path, record_multiset):
     fixture = BASES[0]
     before = record_multiset(session_of(fixture.checkpoint, fixture, LocalEngine()))

@@ -56,7 +56,14 @@ from ckpt_tool.memory import reuse_memory
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.route import NotTogether, RouteCounters, RouteSpec, route_together, route_upstream
+from ckpt_tool.records.route import (
+    NotTogether,
+    RouteCounters,
+    RouteSpec,
+    route_channel_in_pieces,
+    route_together,
+    route_upstream,
+)
 from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, holding_keys, scan_records
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, is_local, join
@@ -75,12 +82,24 @@ def read_whole_records(
     with naming(f"{label}: channel {task.upstream_subtask} -> {task.downstream_subtask}"):
         records = read_channel(reader, task)
         if records.trailing:
-            raise CheckpointFormatError(
-                f"{records.trailing} bytes of a cut record at byte {len(records.data) - records.trailing} "
-                "(the channel's data does not split into whole records)"
-            )
+            raise _cut_record(records.trailing, len(records.data))
         check_values(records, exchange, keys)
     return records
+
+
+def _cut_record(trailing: int, size: int) -> CheckpointFormatError:
+    return CheckpointFormatError(
+        f"{trailing} bytes of a cut record at byte {size - trailing} (the channel's data does not split into whole records)"
+    )
+
+
+def _checked(
+    pieces: Iterable[tuple[FramedChannels, int]], exchange: Exchange, keys: Optional[KeyGroups]
+) -> Iterator[tuple[FramedChannels, int]]:
+    """The pieces, each one's record values checked as ``check_values`` checks a channel's."""
+    for framed, before in pieces:
+        check_values(framed.records, exchange, keys)
+        yield framed, before
 
 
 _KEY_GROUPS: dict[tuple[int, int], tuple[Exchange, KeyGroups]] = {}  # by exchange object and max parallelism
@@ -804,11 +823,33 @@ def route_task(
         with naming(spec.label):
             yield from route_upstream(decoded, spec, keys, result.counters, channels[0].upstream_subtask, old_parallelism)
 
+    def in_pieces(channel: ChannelTask):
+        """A large channel, its upstream subtask's only one: routed a piece at a time
+        (``ChannelPieces``), not read whole."""
+        with naming(f"{spec.label}: channel {channel.upstream_subtask} -> {channel.downstream_subtask}"):
+            pieces = ChannelPieces.of(reader, channel, PIECE_BUFFERS)
+            for part in route_channel_in_pieces(
+                _checked(pieces, spec.exchange, keys),
+                channel.downstream_subtask,
+                spec,
+                keys,
+                result.counters,
+                channel.upstream_subtask,
+                old_parallelism,
+            ):
+                yield from part
+            if pieces.trailing:
+                raise _cut_record(pieces.trailing, pieces.bytes)
+
     def routed() -> Iterator[Iterable[tuple[int, Any, int]]]:
         """Pieces (target, framed records, their count), upstream subtask by upstream subtask:
-        columns where routed together, else as ``route_upstream`` yields them."""
+        columns where routed together, else as ``route_upstream`` yields them; an upstream
+        subtask's one channel above LARGE_CHANNEL_BYTES a piece at a time (``in_pieces``)."""
         bounds = np.flatnonzero(np.diff(table.upstream, prepend=-1)).tolist() + [len(table)] if len(table) else [0]
         for start, stop in zip(bounds[:-1], bounds[1:]):
+            if stop - start == 1 and int(table.size[start]) > LARGE_CHANNEL_BYTES:
+                yield in_pieces(table.tasks(start, stop)[0])
+                continue
             together_routed = together(start, stop)
             yield one_by_one(start, stop) if together_routed is None else together_routed
 

@@ -25,7 +25,7 @@ and routing by it would put records where Flink cannot process them: that is ref
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -143,12 +143,16 @@ def _refuse_misplaced(channels, groups, copies, spec: RouteSpec, upstream: int, 
         stray += int((owners != downstream).sum())
         switches += int((owners[1:] != owners[:-1]).sum())
     if 4 * stray > records and 4 * switches > records:
-        raise SchemaError(
-            f"by the schema's key {list(spec.exchange.key)} of {spec.exchange.record_type or 'its decoder'}, "
-            f"{stray} of the {records} records from upstream subtask {upstream} sit outside the key groups of the "
-            "subtask holding them, with no copy elsewhere and owners changing from one record to the next, "
-            "which neither Flink nor a naive rescale nor a moved channel leaves: the key or the record type is not the job's"
-        )
+        raise _misplaced(spec, upstream, stray, records)
+
+
+def _misplaced(spec: RouteSpec, upstream: int, stray: int, records: int) -> SchemaError:
+    return SchemaError(
+        f"by the schema's key {list(spec.exchange.key)} of {spec.exchange.record_type or 'its decoder'}, "
+        f"{stray} of the {records} records from upstream subtask {upstream} sit outside the key groups of the "
+        "subtask holding them, with no copy elsewhere and owners changing from one record to the next, "
+        "which neither Flink nor a naive rescale nor a moved channel leaves: the key or the record type is not the job's"
+    )
 
 
 class NotTogether(Exception):
@@ -175,6 +179,7 @@ def route_together(
     records, channel = framed.records, framed.channel
     is_record = records.is_record
     record_channel = channel[is_record]
+    groups = None
     if keys is not None:
         groups = keys.of(records, is_record).astype(np.int64)
         owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
@@ -186,12 +191,62 @@ def route_together(
         switches = int(((owners[1:] != owners[:-1]) & (record_channel[1:] == record_channel[:-1])).sum())
         if 4 * stray > len(groups) and 4 * switches > len(groups):
             raise NotTogether()  # refused, with its message, by route_upstream
+    return _routed_pieces(framed, downstreams, spec, groups, counters)
+
+
+def route_channel_in_pieces(
+    pieces: Iterable[tuple[FramedChannels, int]],
+    downstream: int,
+    spec: RouteSpec,
+    keys: Optional[KeyGroups],
+    counters: RouteCounters,
+    upstream: int = 0,
+    old_parallelism: int = 1,
+) -> Iterator[Pieces]:
+    """``route_upstream`` of an upstream subtask's one old channel (to old downstream subtask
+    ``downstream``), which comes in pieces (``ChannelPieces``: each piece's whole elements, and
+    how many came before it), routed piece by piece: the same records to the same targets, in the
+    same order, without the whole channel in memory (a rescale to parallelism 1 makes one channel
+    of all the job's in-flight data). One channel holds no copies of records; a schema by which
+    its records sit outside their holder's key groups record by record is refused, as
+    ``route_upstream`` refuses it, once all the pieces are counted."""
+    downstreams = np.array([downstream], dtype=np.int64)
+    records = stray = switches = 0
+    last_owner: Optional[int] = None
+    for framed, before in pieces:
+        groups = None
+        if keys is not None:
+            groups = keys.of(framed.records, framed.records.is_record).astype(np.int64)
+            owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
+            if len(owners):
+                records += len(owners)
+                stray += int((owners != downstream).sum())
+                switches += int((owners[1:] != owners[:-1]).sum()) + int(last_owner is not None and int(owners[0]) != last_owner)
+                last_owner = int(owners[-1])
+        yield _routed_pieces(framed, downstreams, spec, groups, counters, before)
+    if 4 * stray > records and 4 * switches > records:
+        raise _misplaced(spec, upstream, stray, records)
+
+
+def _routed_pieces(
+    framed: FramedChannels,
+    downstreams: np.ndarray,
+    spec: RouteSpec,
+    groups: Optional[np.ndarray],
+    counters: RouteCounters,
+    before: int = 0,
+) -> Pieces:
+    """The framed channels' records routed (``groups``: their key groups, where keyed), as
+    ``route_together`` returns them; ``before``: elements of the (one) channel before these."""
+    records, channel = framed.records, framed.channel
+    is_record = records.is_record
+    if groups is not None:
         targets = np.full(len(is_record), -1, dtype=np.int64)
         targets[is_record] = operator_index_for_key_group(spec.max_parallelism, spec.new_downstream_parallelism, groups)
     elif spec.exchange.partitioner == "GLOBAL":
         targets = np.where(is_record, 0, -1)
     else:
-        sequence = np.arange(len(is_record)) - framed.first[channel]  # each element's index in its channel
+        sequence = np.arange(len(is_record)) - framed.first[channel] + before  # each element's index in its channel
         targets = np.where(is_record, (downstreams[channel] + sequence) % spec.new_downstream_parallelism, -1)
     counters.records_in += int(is_record.sum())
     counters.bytes_in += int((records.ends - records.starts)[is_record].sum())
