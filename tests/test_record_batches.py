@@ -139,10 +139,8 @@ def test_a_channel_scanned_in_pieces_has_the_figures_of_it_scanned_whole(name, b
             assert pieces.holdings.tolist() == whole.holdings.tolist()
 
 
-@pytest.mark.parametrize("name", FIXTURES)
-@pytest.mark.parametrize("new_parallelism", [1, 3])
-def test_route_together_equals_route_upstream(name, new_parallelism):
-    session = session_of(name)
+def typed_specs(session: Session, new_parallelism: int) -> tuple[list, list[RouteSpec]]:
+    """The session's exchanges of a known record type, and a route spec of each to ``new_parallelism``."""
     exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
     if not exchanges:
         pytest.skip("no typed exchange")
@@ -150,6 +148,14 @@ def test_route_together_equals_route_upstream(name, new_parallelism):
     specs = [
         RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
     ]
+    return exchanges, specs
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("new_parallelism", [1, 3])
+def test_route_together_equals_route_upstream(name, new_parallelism):
+    session = session_of(name)
+    exchanges, specs = typed_specs(session, new_parallelism)
     compared = refused = 0
     with ChannelStateReader() as reader:
         for task in route_tasks(session.checkpoint, exchanges, specs):
@@ -198,13 +204,7 @@ def test_a_channel_routed_in_pieces_equals_it_routed_whole(name, new_parallelism
         session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
     else:
         session = session_of(name)
-    exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
-    if not exchanges:
-        pytest.skip("no typed exchange")
-    metadata = session.checkpoint.metadata
-    specs = [
-        RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
-    ]
+    exchanges, specs = typed_specs(session, new_parallelism)
     compared = refused = 0
     with ChannelStateReader() as reader:
         for task in route_tasks(session.checkpoint, exchanges, specs):
