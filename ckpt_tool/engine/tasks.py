@@ -252,6 +252,7 @@ class ChannelPieces:
                     self.lengths += lengths
                 else:
                     piece = self.reader.payload(part)
+                self.reader.release(part)  # read: its file's pages need not stay in this process
                 self.bytes += len(piece)
                 data = carry + piece if carry else piece
                 del piece

@@ -20,8 +20,9 @@ really there, never from the metadata alone.
 
 from __future__ import annotations
 
+import mmap
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Optional
@@ -225,10 +226,9 @@ class ChannelStateReader:
         if offsets and min(offsets) < len(HEADER):
             raise CheckpointFormatError(f"{source.where}: buffer offset {min(offsets)} is inside the file header")
         try:
-            sizes = np.frombuffer(_framing.lengths(data, np.asarray(offsets, dtype=np.int64)), dtype=np.int64)
+            return _read_in_place(data, offsets, min_bytes, self._releaser(source))[1]
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
-        return _digests(data, offsets, sizes, min_bytes)
 
     def buffer_digests_together(self, sources: list[BufferSource], min_bytes: int = 0) -> Optional[list[bytes]]:
         """``buffer_digests`` of all ``sources``, in file order, in one pass where they lie in one
@@ -262,12 +262,43 @@ class ChannelStateReader:
         if not len(offsets) or offsets[0] < len(HEADER):
             return None if len(offsets) else ([], [])
         try:
-            sizes = np.frombuffer(_framing.lengths(data, offsets), dtype=np.int64)
+            sizes, found = _read_in_place(data, offsets, min_bytes, self._releaser(source))  # found: of the ``large``
         except ValueError:
             return None
         large = sizes >= min_bytes
-        found = _digests(data, offsets, sizes, min_bytes)  # of the buffers at ``large``
         return found, np.asarray(owners)[order][large].tolist()
+
+    def release(self, source: BufferSource) -> None:
+        """Let go of the mapped pages of the source's buffers, once read: a stream read a piece at
+        a time (``ChannelPieces``) would otherwise keep all of its file resident in this process
+        (the 1.5 GB channel of a rescale to parallelism 1). They stay in the page cache."""
+        release = self._releaser(source)
+        if release is None or not source.offsets or source.location is None:
+            return
+        first, last = min(source.offsets), max(source.offsets)
+        try:
+            (length,) = _LENGTH.unpack_from(self._mapped[source.location], (source.segment[0] if source.segment else 0) + last)
+        except (ValueError, struct.error):
+            return
+        release(first, last + _LENGTH.size + max(0, length))
+
+    def _releaser(self, source: BufferSource) -> Optional[Callable[[int, int], None]]:
+        """Where the source's file is mapped: a function that lets go of the mapped pages of its
+        bytes ``start`` to ``end`` (offsets as the source's, within its segment)."""
+        mapped = self._mapped.get(source.location) if source.inline is None and source.location else None
+        if not isinstance(mapped, mmap.mmap):
+            return None
+        base = source.segment[0] if source.segment else 0
+
+        def release(start: int, end: int) -> None:
+            start, end = (base + start) // mmap.PAGESIZE * mmap.PAGESIZE, min(len(mapped), base + end)
+            if end > start:
+                try:
+                    mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except (OSError, ValueError):
+                    pass  # only memory is at stake: the pages stay mapped
+
+        return release
 
     def buffers(self, source: BufferSource) -> list[bytes]:
         """The payloads of the source's buffers, one by one."""
@@ -354,6 +385,38 @@ def _digests(data, offsets: Sequence[int] | np.ndarray, sizes: np.ndarray, min_b
     kept = size >= min_bytes
     joined = _framing.digests(data, at[kept] + 4, at[kept] + 4 + size[kept])
     return [joined[i : i + 16] for i in range(0, len(joined), 16)]
+
+
+# Buffers read where they lie in a mapped file are read this many bytes of the file at a time, the
+# pages of each window let go before the next (``_read_in_place``).
+IN_PLACE_WINDOW_BYTES = 64 << 20
+
+
+def _read_in_place(
+    data, offsets: Sequence[int] | np.ndarray, min_bytes: int, release: Optional[Callable[[int, int], None]]
+) -> tuple[np.ndarray, list[bytes]]:
+    """Each buffer's payload length (raises ValueError where one does not read), and ``_digests``
+    of those of at least ``min_bytes``. With ``release`` (a mapped file's) and buffers in file
+    order over more than IN_PLACE_WINDOW_BYTES, a window of the file at a time, each window's
+    pages let go once read: reading even one length maps the pages around it, and a channel of
+    1.5 GB would stay resident whole."""
+    at = np.asarray(offsets, dtype=np.int64)
+    if release is not None and len(at) > 1 and int(at[-1] - at[0]) > IN_PLACE_WINDOW_BYTES and (np.diff(at) > 0).all():
+        sizes, digests, start = [], [], 0
+        try:
+            while start < len(at):
+                stop = max(start + 1, int(np.searchsorted(at, at[start] + IN_PLACE_WINDOW_BYTES)))
+                window = at[start:stop]
+                size = np.frombuffer(_framing.lengths(data, window), dtype=np.int64)
+                digests += _digests(data, window, size, min_bytes)
+                sizes.append(size)
+                release(int(window[0]), int(window[-1]) + _LENGTH.size + max(0, int(size[-1])))
+                start = stop
+            return np.concatenate(sizes), digests
+        except ValueError:
+            pass  # read whole below, which says where
+    size = np.frombuffer(_framing.lengths(data, at), dtype=np.int64)
+    return size, _digests(data, at, size, min_bytes)
 
 
 def _close_map(data) -> None:
