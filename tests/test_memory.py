@@ -88,6 +88,7 @@ def test_buffers_digested_where_they_lie_do_not_stay_resident(tmp_path, monkeypa
 
     import numpy as np
 
+    from ckpt_tool.errors import CkptError
     from ckpt_tool.flink import channel_state
     from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
     from ckpt_tool.storage import io_for
@@ -106,3 +107,12 @@ def test_buffers_digested_where_they_lie_do_not_stay_resident(tmp_path, monkeypa
         assert _resident_kb(path) < 16 * 1024, "the file's pages stayed mapped in the process"
         assert reader.buffer_digests_owned(source, np.zeros(len(source.offsets), dtype=np.int64)) == owned
         assert _resident_kb(path) < 16 * 1024
+    # a buffer that overlaps the one before, the first of a window, that before the last of the
+    # window before: refused as read at once
+    inside = source.offsets[0] + (4 << 20)
+    assert inside not in source.offsets
+    overlapping = BufferSource(path, None, None, sorted(source.offsets + [inside]))
+    with ChannelStateReader() as reader:
+        with pytest.raises(CkptError, match="repeats or overlaps the buffer before it"):
+            reader.buffer_digests(overlapping)
+        assert reader.buffer_digests_owned(overlapping, np.zeros(len(overlapping.offsets), dtype=np.int64)) is None

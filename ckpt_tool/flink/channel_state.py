@@ -402,15 +402,18 @@ def _read_in_place(
     1.5 GB would stay resident whole."""
     at = np.asarray(offsets, dtype=np.int64)
     if release is not None and len(at) > 1 and int(at[-1] - at[0]) > IN_PLACE_WINDOW_BYTES and (np.diff(at) > 0).all():
-        sizes, digests, start = [], [], 0
+        sizes, digests, start, end = [], [], 0, 0
         try:
             while start < len(at):
                 stop = max(start + 1, int(np.searchsorted(at, at[start] + IN_PLACE_WINDOW_BYTES)))
                 window = at[start:stop]
+                if int(window[0]) < end:
+                    raise ValueError("a buffer overlaps the window before")  # as the whole read says
                 size = np.frombuffer(_framing.lengths(data, window), dtype=np.int64)
                 digests += _digests(data, window, size, min_bytes)
                 sizes.append(size)
-                release(int(window[0]), int(window[-1]) + _LENGTH.size + max(0, int(size[-1])))
+                end = int(window[-1]) + _LENGTH.size + int(size[-1])
+                release(int(window[0]), end)
                 start = stop
             return np.concatenate(sizes), digests
         except ValueError:
