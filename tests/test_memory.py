@@ -55,24 +55,30 @@ def _resident_kb(path: str) -> int:
     return resident
 
 
+def _channel_file(directory, elements: list[bytes]):
+    """A channel-state file in ``directory`` of one channel holding ``elements`` (each framed by
+    its length), in buffers of Flink's default size: its path, and the channel's buffers."""
+    from ckpt_tool.flink.channel_state import BufferSource, write_channel_state_file
+    from ckpt_tool.storage import io_for
+
+    path = str(directory / "file")
+    stream = b"".join(len(element).to_bytes(4, "big") + element for element in elements)
+    writer = write_channel_state_file(io_for(str(directory)), path, [(0, stream)])
+    return path, BufferSource(path, None, None, list(writer.placements[0].offsets))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
 def test_a_stream_read_a_piece_at_a_time_does_not_stay_resident(tmp_path):
     """A channel read a piece at a time (``ChannelPieces``: the 1.5 GB channel of a rescale to
     parallelism 1, scanned, routed or read back) lets go of its file's mapped pages as each piece
     is read: of a 64 MiB file, at most a few pieces' worth stay resident in the process (all of it
     did), and every record is read."""
-    import struct as struct_module
-
     from ckpt_tool.engine.tasks import ChannelPieces
-    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
-    from ckpt_tool.storage import io_for
+    from ckpt_tool.flink.channel_state import ChannelStateReader
 
-    element = struct_module.pack(">i", 1000) + bytes(1000)
-    path = str(tmp_path / "file")
-    writer = write_channel_state_file(io_for(str(tmp_path)), path, [(0, element * 65536)])
-    offsets = list(writer.placements[0].offsets)
+    path, source = _channel_file(tmp_path, [bytes(1000)] * 65536)
     with ChannelStateReader() as reader:
-        pieces = ChannelPieces(reader, [BufferSource(path, None, None, offsets)])
+        pieces = ChannelPieces(reader, [source])
         elements = sum(len(framed.records.starts) for framed, _ in pieces)
         assert (elements, pieces.trailing) == (65536, 0)
         assert _resident_kb(path) < 16 * 1024, "the file's pages stayed mapped in the process"
@@ -84,20 +90,13 @@ def test_buffers_digested_where_they_lie_do_not_stay_resident(tmp_path, monkeypa
     them), and reading even a buffer's length maps the pages around it: a file of more than
     IN_PLACE_WINDOW_BYTES of buffers is read a window at a time, each window's pages let go, with
     the same digests as read at once (the window made small here)."""
-    import struct as struct_module
-
     import numpy as np
 
     from ckpt_tool.errors import CkptError
     from ckpt_tool.flink import channel_state
-    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader, write_channel_state_file
-    from ckpt_tool.storage import io_for
+    from ckpt_tool.flink.channel_state import BufferSource, ChannelStateReader
 
-    element = struct_module.pack(">i", 1000) + bytes(1000)
-    path = str(tmp_path / "file")
-    stream = b"".join(element[:-2] + i.to_bytes(2, "big") for i in range(65536))  # every buffer different
-    writer = write_channel_state_file(io_for(str(tmp_path)), path, [(0, stream)])
-    source = BufferSource(path, None, None, list(writer.placements[0].offsets))
+    path, source = _channel_file(tmp_path, [bytes(998) + i.to_bytes(2, "big") for i in range(65536)])  # every buffer different
     with ChannelStateReader() as reader:
         whole = reader.buffer_digests(source)
         owned = reader.buffer_digests_owned(source, np.zeros(len(source.offsets), dtype=np.int64))

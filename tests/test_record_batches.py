@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from catalog import fixture_named
 from ckpt_tool.engine.tasks import (
     ChannelPieces,
     ReadWindows,
+    RouteTask,
     channel_tasks,
     key_groups_of,
     read_channel,
@@ -28,7 +31,7 @@ from ckpt_tool.engine.tasks import (
 )
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.channel_state import ChannelStateReader
-from ckpt_tool.records.batch import frame_channel, frame_channels
+from ckpt_tool.records.batch import KeyGroups, frame_channel, frame_channels
 from ckpt_tool.records.route import (
     NotTogether,
     RouteCounters,
@@ -139,8 +142,9 @@ def test_a_channel_scanned_in_pieces_has_the_figures_of_it_scanned_whole(name, b
             assert pieces.holdings.tolist() == whole.holdings.tolist()
 
 
-def typed_specs(session: Session, new_parallelism: int) -> tuple[list, list[RouteSpec]]:
-    """The session's exchanges of a known record type, and a route spec of each to ``new_parallelism``."""
+def typed_route_tasks(session: Session, new_parallelism: int) -> Iterator[tuple[RouteTask, RouteSpec, Optional[KeyGroups]]]:
+    """The route tasks of the session's exchanges of a known record type to ``new_parallelism``,
+    each with its exchange's route spec and key groups."""
     exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
     if not exchanges:
         pytest.skip("no typed exchange")
@@ -148,27 +152,32 @@ def typed_specs(session: Session, new_parallelism: int) -> tuple[list, list[Rout
     specs = [
         RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
     ]
-    return exchanges, specs
+    for task in route_tasks(session.checkpoint, exchanges, specs):
+        spec = specs[task.exchange_index]
+        yield task, spec, key_groups_of(spec.exchange, spec.max_parallelism)
+
+
+def routed_whole(reader, channels: list, spec: RouteSpec, keys, counters: RouteCounters) -> list | CkptError:
+    """``route_upstream`` of the channels (of one upstream subtask), each read whole; or the
+    error it refuses them with."""
+    try:
+        decoded = [(t.downstream_subtask, read_whole_records(reader, t, "x", spec.exchange, keys)) for t in channels]
+        return list(route_upstream(decoded, spec, keys, counters, channels[0].upstream_subtask, channels[0].parallelism))
+    except CkptError as exc:
+        return exc
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 @pytest.mark.parametrize("new_parallelism", [1, 3])
 def test_route_together_equals_route_upstream(name, new_parallelism):
     session = session_of(name)
-    exchanges, specs = typed_specs(session, new_parallelism)
     compared = refused = 0
     with ChannelStateReader() as reader:
-        for task in route_tasks(session.checkpoint, exchanges, specs):
-            spec = specs[task.exchange_index]
-            keys = key_groups_of(spec.exchange, spec.max_parallelism)
+        for task, spec, keys in typed_route_tasks(session, new_parallelism):
             for upstream, same in groupby(task.channels, key=lambda t: t.upstream_subtask):
                 channels = list(same)
                 old = RouteCounters()
-                try:
-                    decoded = [(t.downstream_subtask, read_whole_records(reader, t, "x", spec.exchange, keys)) for t in channels]
-                    expected = list(route_upstream(decoded, spec, keys, old, upstream, channels[0].parallelism))
-                except CkptError as exc:
-                    expected = exc
+                expected = routed_whole(reader, channels, spec, keys, old)
                 new = RouteCounters()
                 framed = read_framed(reader, channels)
                 downstreams = np.array([t.downstream_subtask for t in channels])
@@ -204,19 +213,12 @@ def test_a_channel_routed_in_pieces_equals_it_routed_whole(name, new_parallelism
         session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
     else:
         session = session_of(name)
-    exchanges, specs = typed_specs(session, new_parallelism)
     compared = refused = 0
     with ChannelStateReader() as reader:
-        for task in route_tasks(session.checkpoint, exchanges, specs):
-            spec = specs[task.exchange_index]
-            keys = key_groups_of(spec.exchange, spec.max_parallelism)
+        for task, spec, keys in typed_route_tasks(session, new_parallelism):
             for t in task.channels:
                 old, new = RouteCounters(), RouteCounters()
-                try:
-                    decoded = [(t.downstream_subtask, read_whole_records(reader, t, "x", spec.exchange, keys))]
-                    expected = list(route_upstream(decoded, spec, keys, old, t.upstream_subtask, t.parallelism))
-                except CkptError as exc:
-                    expected = exc
+                expected = routed_whole(reader, [t], spec, keys, old)
                 pieces = ChannelPieces.of(reader, t, buffers)
                 try:
                     got = [

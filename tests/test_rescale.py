@@ -127,7 +127,7 @@ def test_a_large_channel_is_routed_a_piece_at_a_time_and_restores(tmp_path, monk
     assert channel_records(rescaled, fixture) == channel_records(whole_rescaled, fixture)
     assert tree_digest(repaired.parent) == tree_digest(whole_repaired.parent)
     info = fixture.info
-    assert flink_env.restore_count(info["flink_version"], rescaled, 3, backend=info["backend"]) == (info["source_records"])
+    assert flink_env.restore_count(info["flink_version"], rescaled, 3, backend=info["backend"]) == info["source_records"]
 
 
 def test_repeated_rescales_keep_inflation_at_one(tmp_path, record_multiset):
