@@ -119,6 +119,13 @@ def start(args: list[str], until: Callable[[], bool]) -> subprocess.Popen:
     return run
 
 
+def _lock_holds_record(destination: Path) -> bool:
+    try:
+        return (destination / LOCK_FILE).stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def start_and_catch_writing(large, destination: Path, catch: Callable[[subprocess.Popen], None]) -> subprocess.Popen:
     """A large rescale into ``destination``, caught by ``catch`` (kill, stop) once it has written
     a data file and before it wrote ``_metadata``; tried a few times on a loaded machine."""
@@ -278,7 +285,9 @@ def test_a_link_planted_in_dst_during_a_run_leaves_its_target_alone(tmp_path, la
         path.chmod(0o755 if path.is_dir() else 0o644)
     destination = tmp_path / "dst"
     args = large_args((tmp_path / "job" / large[0].name, large[1]), destination)
-    run = start(args, lambda: (destination / LOCK_FILE).exists())
+    # once the lock holds its record, the run has listed what DST held before it (a file planted
+    # earlier would be refused as an earlier run's leftovers)
+    run = start(args, lambda: _lock_holds_record(destination))
     os.symlink(victim, destination / "ckpt-zz")
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err
