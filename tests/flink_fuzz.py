@@ -36,7 +36,12 @@ ckpt's output restoring with the exact 30,010), nor in ``flink115-rocksdb-full-p
 DIFF where a handle's subtask index was altered, Flink's own rescale failing and ckpt's output
 restoring with the exact 60,010; two SAME-FAIL, a coordinator's state and a chained operator's id)
 nor in ``flink23-rocksdb-savepoint-native-p2`` (seed 78: 11 OK, one SAME-FAIL, a chained operator's
-id: the limitation above, met a third time). Left: opaque
+id: the limitation above, met a third time), nor in ``flink23-javatime-p2`` (seed 79: 10 OK, 17
+refused; two DIFF, a subpartition index and a buffer's offset altered, Flink's own rescale failing
+and ckpt's output restoring with the exact 60,010). Then (2026-11-29, ``flink113-hashmap-p2``,
+seed 80): a source's reader state renamed in its handle (exit 0; Flink 1.13 fails on it, "Found
+state without corresponding meta info", and Flink 2.3 restores it empty; now the
+``operator-state-names`` check and a refusal). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """

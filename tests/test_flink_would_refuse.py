@@ -5,7 +5,10 @@ here). Found by restoring in Flink what ckpt had rescaled from randomly mutated 
 - a key group that is not where its keyed-state handle says: ``verify`` names it, ``rescale`` and
   ``repair`` refuse before writing;
 - checkpoint properties naming a class, serialVersionUID or enum constant Flink does not have:
-  refused as the metadata is read, as Flink's loader fails on them."""
+  refused as the metadata is read, as Flink's loader fails on them;
+- a managed operator state whose name its handle's data holds no meta info for (Flink up to 1.18
+  fails on it, from 1.19 restores that state empty): ``verify`` names it, ``rescale`` and ``repair``
+  refuse before writing."""
 
 from __future__ import annotations
 
@@ -18,12 +21,13 @@ from pathlib import Path
 import pytest
 
 import flink_env
-from catalog import fixture_named
+from catalog import ALL_FIXTURES, CLAIMED, fixture_named
 from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
 from ckpt_tool.flink.model import IncrementalKeyedHandle, KeyGroupsHandle, MergedChannelStateHandle, SegmentFileHandle
+from ckpt_tool.flink.operator_state import operator_state_problems
 from ckpt_tool.writer import write_checkpoint
 
 SLOW_COUNT = "slow-count"
@@ -384,3 +388,76 @@ def test_a_rocksdb_file_name_holding_a_nul_is_refused_as_the_metadata_is_read(ck
     (job / fixture.checkpoint.name / "_metadata").write_bytes(write_metadata(metadata))
     code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "local path holds a NUL character" in err, err
+
+
+# where the source's reader state is: inline in _metadata, a file merging segment, a savepoint's file
+OPERATOR_STATE_FIXTURES = {
+    "inline": "flink23-hashmap-p2",
+    "segment": "flink23-filemerging-hashmap-p2",
+    "file": "flink23-savepoint-native-p2",
+}
+RENAMED = "SourceReederState"  # as tests/flink_fuzz.py found it (seed 80, flink113-hashmap-p2): exit 0 before
+
+
+def rename_reader_state(metadata) -> list[int]:
+    """Each source subtask's reader state renamed in its handle's map (its data unchanged); the subtasks."""
+    renamed = []
+    for op in metadata.operators:
+        for subtask in op.subtasks:
+            handle = subtask.managed_operator
+            if handle is not None and handle.states and handle.states[0].name == "SourceReaderState":
+                handle.states[0].name = RENAMED
+                renamed.append(subtask.index)
+    assert renamed
+    return renamed
+
+
+def test_every_fixture_names_only_states_its_data_holds():
+    """No real handle is flagged: Flink writes every state's meta info into every handle."""
+    for fixture in ALL_FIXTURES + CLAIMED:
+        assert list(operator_state_problems(Checkpoint.open(str(fixture.checkpoint)))) == [], fixture.name
+
+
+@pytest.mark.parametrize("where", list(OPERATOR_STATE_FIXTURES))
+def test_an_operator_state_without_meta_info_is_named_and_refused(ckpt, tmp_path, where):
+    fixture = fixture_named(OPERATOR_STATE_FIXTURES[where])
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    renamed = rename_reader_state(metadata)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    expected = f'managed operator state "{RENAMED}" has no meta info in its handle\'s data'
+    said = (
+        f' (Flink up to 1.18: "Found state without corresponding meta info: {RENAMED}";'
+        " from 1.19 Flink restores the state of that meta info empty)"
+    )
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    report = json.loads(out)
+    problems = [p for p in report["problems"] if p["check"] == "operator-state-names"]
+    assert code == 1 and [p["subtask"] for p in problems] == renamed
+    assert all(p["message"] == expected + said and p["operator"] == "source-main" for p in problems)
+    assert [c["status"] for c in report["checks"] if c["name"] != "operator-state-names"].count("failed") == 0
+    destination = tmp_path / "out" / "chk-1"
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    for command in (["rescale", checkpoint, destination, "-p", "3"], ["repair", checkpoint, destination]):
+        code, _, err = ckpt(*command, *inputs)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert expected in err and "Flink would not restore it: refused" in err, err
+        assert not destination.parent.exists()
+
+
+@pytest.mark.flink
+def test_flink_loses_the_operator_state_ckpt_refuses(tmp_path):
+    """Real Flink 2.3 restores the renamed reader state empty, without an error: the sources lose
+    their splits and the job counts other records than its own (Flink 1.13 to 1.18 fail instead,
+    "Found state without corresponding meta info", as tests/flink_fuzz.py found on Flink 1.13)."""
+    fixture = fixture_named(OPERATOR_STATE_FIXTURES["inline"])
+    source = Checkpoint.open(str(fixture.checkpoint))
+    metadata = copy.deepcopy(source.metadata)
+    rename_reader_state(metadata)
+    checkpoint = tmp_path / "job" / fixture.checkpoint.name
+    write_checkpoint(source, metadata, str(checkpoint), {})
+    info = fixture.info
+    count = flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
+    assert info["flink_version"] == "2.3.0" and count != info["source_records"], count

@@ -31,7 +31,7 @@ data. A backend's offsets other than 0 are in key-group order, as every backend 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Optional
+from typing import Optional, TypeVar
 
 from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
@@ -51,6 +51,7 @@ COMPRESSION_FLAG = 4  # the proxy's byte after its version (version 2 and later)
 REMOTE_SPAN = 64 << 20
 ENTRY_SLACK = 64 << 10
 At = Callable[[int, int], bytes]  # (start, length) -> up to that many bytes of the data there
+T = TypeVar("T")
 
 
 def key_group_problems(checkpoint: Checkpoint, read_files: bool = True) -> Iterator[tuple[str, int, str]]:
@@ -100,7 +101,7 @@ def _problem(checkpoint: Checkpoint, handle: KeyGroupsHandle, managed: bool, rea
     if not managed:
         return None
     if read_files or isinstance(delegate, ByteStreamHandle):
-        found = _read(checkpoint, delegate, offsets, lambda at: _astray(at, offsets, first, size))
+        found = read_state(checkpoint, delegate, offsets, lambda at: _astray(at, offsets, first, size))
         if found is not None:
             return found or None
     return _out_of_order(offsets, first)
@@ -179,11 +180,12 @@ class _Unread(Exception):
     """Bytes an object store's span read did not take."""
 
 
-def _read(checkpoint: Checkpoint, delegate, offsets: list[int], examine: Callable[[At], str]) -> Optional[str]:
+def read_state(checkpoint: Checkpoint, delegate, offsets: list[int], examine: Callable[[At], T]) -> Optional[T]:
     """``examine(at)`` over the delegate's data (``at(start, length)``: up to ``length`` bytes at
     ``start``), or None where reading it would take a request per key group (an object store, the
     offsets far apart, or an entry beyond the span read). A local file is opened once and read
-    where asked; on an object store the proxy's head and the span of the offsets are read once."""
+    where asked; on an object store the proxy's head and the span of the offsets (and
+    ``ENTRY_SLACK`` past the last) are read once."""
     size = delegate.size
     if isinstance(delegate, ByteStreamHandle):
         data = delegate.data

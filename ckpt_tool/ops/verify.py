@@ -36,6 +36,7 @@ from ckpt_tool.flink.model import (
     MergedChannelStateHandle,
     RelativeFileHandle,
 )
+from ckpt_tool.flink.operator_state import operator_state_problems
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
@@ -356,6 +357,17 @@ def check_key_groups(cp: Checkpoint, files_ok: bool) -> CheckResult:
     return result
 
 
+def check_operator_states(cp: Checkpoint, files_ok: bool) -> CheckResult:
+    """Each managed operator state a handle names has its meta info in the handle's data, as
+    Flink's restore looks it up (``operator_state_problems``)."""
+    result = CheckResult(
+        "operator-state-names", "operator state: each state a handle names has its meta info in the handle's data"
+    )
+    for operator, subtask, message in operator_state_problems(cp, read_files=files_ok):
+        result.problems.append(Problem("operator-state-names", message, operator, subtask))
+    return result
+
+
 def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
         "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
@@ -473,6 +485,7 @@ def verify(
         *check_channel_state(cp, not files.problems, ChannelBounds(parallelisms(session.metadata), session.described_exchanges)),
         check_changelog(cp, not files.problems),
         check_key_groups(cp, not files.problems),
+        check_operator_states(cp, not files.problems),
         *check_parallelism_and_finished(cp, session.plan),
     ]
     usable = not any(c.problems for c in checks if c.unusable)
