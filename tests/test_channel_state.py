@@ -1,5 +1,6 @@
 """The one channel-state reader and writer, record framing across buffers, and pointwise links."""
 
+import os
 import struct
 
 import pytest
@@ -211,3 +212,8 @@ def test_a_span_of_buffers_reads_as_the_mapped_file_gives_it(tmp_path):
     assert not both([4, 18, 18 + 4 + channel_state.SPAN_LIMIT + 10], [3], str(path.with_name("large")))
     with pytest.raises(StorageError, match="cannot read"):
         both(offsets, [5], str(tmp_path / "missing"))
+    # the header is read once per process for a file as it is; a file changed in place since is read again
+    assert both(offsets[1:2], [1])
+    path.write_bytes(b"\x00\x00\x00\x01" + data[4:])
+    os.utime(path, ns=(1, 1))  # however coarse the clock, another modification time
+    assert not both(offsets[1:2], [1])  # "bad header", as mapped

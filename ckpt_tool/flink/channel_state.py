@@ -44,9 +44,10 @@ BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
 SPAN_SLACK = 4096  # read past the last buffer's length field: at high parallelism buffers are small
 SPAN_LIMIT = 1 << 20  # a span read into memory at most (about): a larger one is mapped, paged in as read
-# local files whose header this process has read (a rescale at p=4,096 reads a span of each of
-# 4,096 files in each of its tasks: the header once, not once a task); forked workers inherit it
-_HEADED: set[str] = set()
+# local files whose header this process has read, by device, inode, size and modification time (a
+# rescale at p=4,096 reads a span of each of 4,096 files in each of its tasks: the header once, not
+# once a task); forked workers inherit it
+_HEADED: set[tuple[int, int, int, int]] = set()
 MAX_HEADED = 1 << 16
 MAX_OPEN_MAPS = 128  # files a reader keeps mapped at once (each holds a descriptor; `ulimit -n` may be 1024)
 
@@ -179,12 +180,14 @@ class ChannelStateReader:
             return None
 
         def span(read) -> Optional[bytes]:
-            if location not in _HEADED:
+            identity = getattr(read, "identity", None)
+            if identity is None or identity not in _HEADED:
                 if read(0, len(HEADER)) != HEADER:
                     return None
                 if len(_HEADED) >= MAX_HEADED:
                     _HEADED.clear()
-                _HEADED.add(location)
+                if identity is not None:
+                    _HEADED.add(identity)
             wanted = last + len(HEADER) - first  # up to the last buffer's length, and a page more
             data = read(first, wanted + SPAN_SLACK)
             if len(data) < wanted:

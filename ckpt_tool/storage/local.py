@@ -52,6 +52,10 @@ class LocalFileIO(FileIO):
     def _open(self, uri: str, blocking: bool = True) -> int:
         """A descriptor of the regular file at ``uri``, opened for reading, in blocking mode
         (``blocking`` False leaves ``O_NONBLOCK`` set: a regular file reads the same with it)."""
+        return self._opened(uri, blocking)[0]
+
+    def _opened(self, uri: str, blocking: bool = True) -> tuple[int, os.stat_result]:
+        """``_open``'s descriptor, and what ``fstat`` says of it."""
         path, parts = self._located(uri)
         try:
             if parts is not None:
@@ -61,15 +65,15 @@ class LocalFileIO(FileIO):
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise StorageError(f"{uri} is {kind_of(mode)}, not a regular file: refused")
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise StorageError(f"{uri} is {kind_of(info.st_mode)}, not a regular file: refused")
             if blocking:
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, info
 
     def _located(self, uri: str) -> tuple[str, Optional[tuple[str, ...]]]:
         """The path of ``uri``, and where it is named below the root (or is it), its components
@@ -123,9 +127,9 @@ class LocalFileIO(FileIO):
         """``spans(read)`` with the file opened once: ``read(start, length)`` returns up to
         ``length`` bytes at ``start`` (fewer at the end of the file). A task reads a few kB of each
         of thousands of files, where mapping each costs more than reading what it needs."""
-        fd = self._open(uri, blocking=False)
+        fd, info = self._opened(uri, blocking=False)
         try:
-            return spans(lambda start, length: os.pread(fd, length, start))
+            return spans(_Pread(fd, info))
         except OSError as exc:
             raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from exc
         finally:
@@ -219,6 +223,20 @@ class LocalFileIO(FileIO):
             pass
         except OSError as exc:
             raise StorageError(f"cannot remove {uri}: {exc.strerror or exc}") from exc
+
+
+class _Pread:
+    """``read(start, length)`` of an open file, and the file's ``identity`` (device, inode, size
+    and modification time): what a reader may key what it learned of the file by."""
+
+    __slots__ = ("fd", "identity")
+
+    def __init__(self, fd: int, info: os.stat_result):
+        self.fd = fd
+        self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def __call__(self, start: int, length: int) -> bytes:
+        return os.pread(self.fd, length, start)
 
 
 def _locate(root: Optional[str], path: str) -> tuple[str, Optional[tuple[str, ...]]]:
