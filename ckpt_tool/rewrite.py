@@ -53,7 +53,7 @@ from ckpt_tool.flink.model import (
     WrittenFileHandle,
     channels_of,
 )
-from ckpt_tool.flink.operator_state import refuse_unknown_operator_states
+from ckpt_tool.flink.operator_state import refuse_unsound_operator_state
 from ckpt_tool.memory import release_memory
 from ckpt_tool.planning import RescalePlan, gates_in
 from ckpt_tool.records.route import RouteSpec
@@ -249,7 +249,7 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
     dst = normalize_uri(dst).rstrip("/")
     check_destination(dst, session.checkpoint.uri)
     refuse_misplaced_key_groups(session.checkpoint)  # the state it copies would not restore
-    refuse_unknown_operator_states(session.checkpoint)
+    refuse_unsound_operator_state(session.checkpoint)
     refuse_unsound_carried(session.checkpoint, plan)  # nor the in-flight data it keeps as it was
     if dry_run:
         return _rewrite(session, dst, plan, None)

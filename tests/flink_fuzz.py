@@ -41,7 +41,7 @@ refused; two DIFF, a subpartition index and a buffer's offset altered, Flink's o
 and ckpt's output restoring with the exact 60,010). Then (2026-11-29, ``flink113-hashmap-p2``,
 seed 80): a source's reader state renamed in its handle (exit 0; Flink 1.13 fails on it, "Found
 state without corresponding meta info", and Flink 2.3 restores it empty; now the
-``operator-state-names`` check and a refusal). Nothing new in ``flink117-hashmap-p2`` (seed 81: 10
+``operator-state`` check and a refusal). Nothing new in ``flink117-hashmap-p2`` (seed 81: 10
 OK, 17 refused; a source coordinator's state altered twice, on which Flink's job never ends or
 fails). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or

@@ -13,6 +13,7 @@ here). Found by restoring in Flink what ckpt had rescaled from randomly mutated 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shutil
@@ -26,7 +27,13 @@ from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.key_groups import key_group_problems
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
-from ckpt_tool.flink.model import IncrementalKeyedHandle, KeyGroupsHandle, MergedChannelStateHandle, SegmentFileHandle
+from ckpt_tool.flink.model import (
+    ByteStreamHandle,
+    IncrementalKeyedHandle,
+    KeyGroupsHandle,
+    MergedChannelStateHandle,
+    SegmentFileHandle,
+)
 from ckpt_tool.flink.operator_state import operator_state_problems
 from ckpt_tool.writer import write_checkpoint
 
@@ -405,17 +412,47 @@ OPERATOR_STATE_FIXTURES = {
 RENAMED = "SourceReederState"  # as tests/flink_fuzz.py found it (seed 80, flink113-hashmap-p2): exit 0 before
 
 
-def rename_reader_state(metadata) -> list[int]:
-    """Each source subtask's reader state renamed in its handle's map (its data unchanged); the subtasks."""
-    renamed = []
-    for op in metadata.operators:
-        for subtask in op.subtasks:
-            handle = subtask.managed_operator
-            if handle is not None and handle.states and handle.states[0].name == "SourceReaderState":
-                handle.states[0].name = RENAMED
-                renamed.append(subtask.index)
-    assert renamed
-    return renamed
+def reader_states(metadata) -> list:
+    """Each source subtask's (index, reader-state handle)."""
+    found = [
+        (subtask.index, subtask.managed_operator)
+        for op in metadata.operators
+        for subtask in op.subtasks
+        if subtask.managed_operator is not None
+        and subtask.managed_operator.states
+        and subtask.managed_operator.states[0].name == "SourceReaderState"
+    ]
+    assert found
+    return found
+
+
+def rename_reader_state(metadata) -> tuple[list[int], str]:
+    """Each source subtask's reader state renamed in its handle's map (its data unchanged)."""
+    found = reader_states(metadata)
+    for _, handle in found:
+        handle.states[0].name = RENAMED
+    return [index for index, _ in found], (
+        f'managed operator state "{RENAMED}" has no meta info in its handle\'s data (Flink up to 1.18:'
+        f' "Found state without corresponding meta info: {RENAMED}"; from 1.19 Flink restores the state'
+        " of that meta info empty)"
+    )
+
+
+def partition_past_the_end(metadata) -> tuple[list[int], str]:
+    """Each source subtask's reader-state partition moved 10 bytes past its handle's data (the
+    message is the first subtask's: every handle of a fixture's source has the same size)."""
+    found = reader_states(metadata)
+    for _, handle in found:
+        handle.states[0].offsets = [handle.delegate.size + 10]
+    size = found[0][1].delegate.size
+    said = " (Flink: position out of bounds)" if isinstance(found[0][1].delegate, ByteStreamHandle) else ""
+    return [index for index, _ in found], (
+        f'managed operator state "SourceReaderState" has a partition at byte {size + 10}, outside its'
+        f" handle's {size} bytes of data{said}"
+    )
+
+
+OPERATOR_STATE_FAULTS = {"renamed": rename_reader_state, "past-the-end": partition_past_the_end}
 
 
 def test_every_fixture_names_only_states_its_data_holds():
@@ -424,40 +461,46 @@ def test_every_fixture_names_only_states_its_data_holds():
         assert list(operator_state_problems(Checkpoint.open(str(fixture.checkpoint)))) == [], fixture.name
 
 
+@pytest.mark.parametrize("fault", list(OPERATOR_STATE_FAULTS))
 @pytest.mark.parametrize("where", list(OPERATOR_STATE_FIXTURES))
-def test_an_operator_state_without_meta_info_is_named_and_refused(ckpt, tmp_path, where):
+def test_an_operator_state_flink_cannot_restore_is_named_and_refused(ckpt, tmp_path, where, fault):
     fixture = fixture_named(OPERATOR_STATE_FIXTURES[where])
     job = tmp_path / "job"
     shutil.copytree(fixture.checkpoint.parent, job)
     checkpoint = job / fixture.checkpoint.name
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    renamed = rename_reader_state(metadata)
+    subtasks, expected = OPERATOR_STATE_FAULTS[fault](metadata)
     (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
-    expected = f'managed operator state "{RENAMED}" has no meta info in its handle\'s data'
-    said = (
-        f' (Flink up to 1.18: "Found state without corresponding meta info: {RENAMED}";'
-        " from 1.19 Flink restores the state of that meta info empty)"
-    )
     code, out, _ = ckpt("verify", checkpoint, "--json")
     report = json.loads(out)
-    problems = [p for p in report["problems"] if p["check"] == "operator-state-names"]
-    assert code == 1 and [p["subtask"] for p in problems] == renamed
-    assert all(p["message"] == expected + said and p["operator"] == "source-main" for p in problems)
-    assert [c["status"] for c in report["checks"] if c["name"] != "operator-state-names"].count("failed") == 0
+    problems = [p for p in report["problems"] if p["check"] == "operator-state"]
+    assert code == 1 and [p["subtask"] for p in problems] == subtasks
+    assert all(p["message"] == expected and p["operator"] == "source-main" for p in problems), problems
+    assert [c["status"] for c in report["checks"] if c["name"] != "operator-state"].count("failed") == 0
     rescale_and_repair_refuse(ckpt, tmp_path, checkpoint, fixture, expected, "Flink would not restore it: refused")
 
 
 @pytest.mark.flink
-def test_flink_loses_the_operator_state_ckpt_refuses(tmp_path):
-    """Real Flink 2.3 restores the renamed reader state empty, without an error: the sources lose
-    their splits and the job counts other records than its own (Flink 1.13 to 1.18 fail instead,
-    "Found state without corresponding meta info", as tests/flink_fuzz.py found on Flink 1.13)."""
+def test_flink_fails_on_or_loses_the_operator_state_ckpt_refuses(tmp_path):
+    """Real Flink 2.3 fails on a reader-state partition past its data ("position out of bounds"),
+    and restores a renamed reader state empty, without an error: the sources lose their splits and
+    the job counts other records than its own (Flink 1.13 to 1.18 fail on it instead, "Found state
+    without corresponding meta info", as tests/flink_fuzz.py found on Flink 1.13)."""
     fixture = fixture_named(OPERATOR_STATE_FIXTURES["inline"])
     source = Checkpoint.open(str(fixture.checkpoint))
-    metadata = copy.deepcopy(source.metadata)
-    rename_reader_state(metadata)
-    checkpoint = tmp_path / "job" / fixture.checkpoint.name
-    write_checkpoint(source, metadata, str(checkpoint), {})
     info = fixture.info
-    count = flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
-    assert info["flink_version"] == "2.3.0" and count != info["source_records"], count
+    assert info["flink_version"] == "2.3.0"
+    for fault in OPERATOR_STATE_FAULTS:
+        metadata = copy.deepcopy(source.metadata)
+        OPERATOR_STATE_FAULTS[fault](metadata)
+        checkpoint = tmp_path / fault / "job" / fixture.checkpoint.name
+        write_checkpoint(source, metadata, str(checkpoint), {})
+        restore = functools.partial(
+            flink_env.restore_count, info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300
+        )
+        if fault == "renamed":
+            count = restore()
+            assert count != info["source_records"], count
+        else:
+            with pytest.raises(RuntimeError, match="position out of bounds"):
+                restore()

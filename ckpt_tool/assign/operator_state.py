@@ -32,6 +32,9 @@ class OperatorStateError(CkptError):
 
 def split_elements(data: bytes, handle: OperatorStateHandle) -> tuple[bytes, dict[str, list[bytes]]]:
     """(header, elements per state name) of one operator-state file."""
+    outside = [o for s in handle.states for o in s.offsets if not 0 <= o <= len(data)]
+    if outside:  # refused before (flink/operator_state.py), with what Flink's restore says of it
+        raise OperatorStateError(f"an operator-state partition at byte {outside[0]}, outside its {len(data)} bytes")
     ends = sorted({o for s in handle.states for o in s.offsets} | {len(data)})
     following = {start: end for start, end in zip(ends, ends[1:])}
     header = data[: ends[0]] if len(ends) > 1 else data

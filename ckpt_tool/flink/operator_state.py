@@ -1,4 +1,5 @@
-"""Whether each managed operator state a handle names has its meta info, as Flink's restore finds it.
+"""Whether each managed operator state a handle names has its meta info and its partitions, as
+Flink's restore finds them.
 
 A managed operator-state handle (``OperatorStreamStateHandle``) maps each state's name to the
 offsets of its partitions in the handle's data. The data starts with the backend's
@@ -11,14 +12,16 @@ the map gives its name: a name the map holds without meta info is never read, an
 meta info it stood for restores empty, without an error (Flink 2.3 restored a source's renamed
 reader state so, and the job counted 1,396 records, not its 60,010).
 
-So each name of a handle's map is in the data before its first partition, as ``writeUTF`` writes
+Each partition's offset lies inside the data, past its start (the proxy): Flink's restore
+deserializes an element there. And each name of a handle's map is in the data before its first
+partition, as ``writeUTF`` writes
 it (a two-byte length, then the name in modified UTF-8). Its serializers are not decoded: a name
 found there is taken as its meta info (a necessary condition, not a proof). Flink's backend writes
 the meta info of every state it holds into every handle, and Flink's own rescale keeps each handle's
 data whole, so a real handle always passes. Raw operator state is the operator's own bytes, with
 no meta info: it is not checked.
 
-``ckpt verify`` reports what this finds (``operator-state-names``); ``rescale`` and ``repair``
+``ckpt verify`` reports what this finds (``operator-state``); ``rescale`` and ``repair``
 refuse it before writing.
 """
 
@@ -40,7 +43,7 @@ MAX_META_INFO = 1 << 20
 
 def operator_state_problems(checkpoint: Checkpoint, read_files: bool = True) -> Iterator[tuple[str, int, str]]:
     """(operator label, subtask index, message) for each managed operator-state handle that names a
-    state whose meta info its data does not hold: the first such name. Inline state is always read,
+    state whose meta info its data does not hold, or a partition outside its data: the first such. Inline state is always read,
     files only where ``read_files`` (a file that does not read is left to the check of the files)."""
     for op in checkpoint.metadata.operators:
         for subtask in op.subtasks:
@@ -55,8 +58,9 @@ def operator_state_problems(checkpoint: Checkpoint, read_files: bool = True) -> 
                 yield op.label, subtask.index, message
 
 
-def refuse_unknown_operator_states(checkpoint: Checkpoint) -> None:
-    """Raise, naming the operator and subtask, where Flink's restore would not find a state's meta info."""
+def refuse_unsound_operator_state(checkpoint: Checkpoint) -> None:
+    """Raise, naming the operator and subtask, where Flink's restore would not find a state's meta
+    info or a partition."""
     for label, index, message in operator_state_problems(checkpoint):
         raise CheckpointFormatError(f"operator {label} subtask {index}: {message}; Flink would not restore it: refused")
 
@@ -65,6 +69,14 @@ def _problem(checkpoint: Checkpoint, handle: OperatorStateHandle, read_files: bo
     delegate = handle.delegate
     if delegate is None:
         return None
+    for state in handle.states:
+        outside = next((o for o in state.offsets if not 0 < o < delegate.size), None)
+        if outside is not None:  # 0 is the proxy's start; an element takes at least a byte
+            said = " (Flink: position out of bounds)" if isinstance(delegate, ByteStreamHandle) else ""
+            return (
+                f'managed operator state "{state.name}" has a partition at byte {outside}, outside its'
+                f" handle's {delegate.size} bytes of data{said}"
+            )
     offsets = [o for state in handle.states for o in state.offsets]
     head = min([delegate.size, *offsets])  # the proxy, before the first partition
     if head <= 0 or head > MAX_META_INFO:

@@ -358,13 +358,14 @@ def check_key_groups(cp: Checkpoint, files_ok: bool) -> CheckResult:
 
 
 def check_operator_states(cp: Checkpoint, files_ok: bool) -> CheckResult:
-    """Each managed operator state a handle names has its meta info in the handle's data, as
-    Flink's restore looks it up (``operator_state_problems``)."""
+    """Each managed operator state a handle names has its meta info in the handle's data, and its
+    partitions inside it, as Flink's restore looks for them (``operator_state_problems``)."""
     result = CheckResult(
-        "operator-state-names", "operator state: each state a handle names has its meta info in the handle's data"
+        "operator-state",
+        "operator state: each state a handle names has its meta info in the handle's data, and its partitions lie inside it",
     )
     for operator, subtask, message in operator_state_problems(cp, read_files=files_ok):
-        result.problems.append(Problem("operator-state-names", message, operator, subtask))
+        result.problems.append(Problem("operator-state", message, operator, subtask))
     return result
 
 
