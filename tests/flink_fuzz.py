@@ -44,8 +44,8 @@ state without corresponding meta info", and Flink 2.3 restores it empty; now the
 ``operator-state`` check and a refusal). Nothing new in ``flink117-hashmap-p2`` (seed 81: 10
 OK, 17 refused; a source coordinator's state altered twice, on which Flink's job never ends or
 fails), nor in ``flink116-hashmap-p2`` (seed 82: 8 OK, 27 refused; a DIFF where a subpartition
-index was altered, Flink's own rescale failing and ckpt's output restoring with the exact 60,010).
-Left: opaque
+index was altered, Flink's own rescale failing and ckpt's output restoring with the exact 60,010)
+nor in ``flink23-savepoint-native-p2`` (seed 83: 10 OK, 27 refused). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """
