@@ -184,9 +184,9 @@ class ChannelStateReader:
             if identity is None or identity not in _HEADED:
                 if read(0, len(HEADER)) != HEADER:
                     return None
-                if len(_HEADED) >= MAX_HEADED:
-                    _HEADED.clear()
                 if identity is not None:
+                    if len(_HEADED) >= MAX_HEADED:
+                        _HEADED.clear()
                     _HEADED.add(identity)
             wanted = last + len(HEADER) - first  # up to the last buffer's length, and a page more
             data = read(first, wanted + SPAN_SLACK)

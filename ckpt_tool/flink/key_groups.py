@@ -205,8 +205,9 @@ def read_state(checkpoint: Checkpoint, delegate, offsets: list[int], examine: Ca
     low, high = min(offsets), min(size, max(offsets) + ENTRY_SLACK)
     if high - low > REMOTE_SPAN:
         return None
-    head = io.read_range(uri, base, min(size, COMPRESSION_FLAG + 1))
     span = io.read_range(uri, base + low, high - low)
+    # the proxy's head, from the span where the span starts with it (one request, not two)
+    head = span[: COMPRESSION_FLAG + 1] if low == 0 else io.read_range(uri, base, min(size, COMPRESSION_FLAG + 1))
 
     def at(start: int, length: int) -> bytes:
         if start + length <= len(head):

@@ -14,9 +14,9 @@ reader state so, and the job counted 1,396 records, not its 60,010).
 
 Each partition's offset lies inside the data, past its start (the proxy): Flink's restore
 deserializes an element there. And each name of a handle's map is in the data before its first
-partition, as ``writeUTF`` writes
-it (a two-byte length, then the name in modified UTF-8). Its serializers are not decoded: a name
-found there is taken as its meta info (a necessary condition, not a proof). Flink's backend writes
+partition, as ``writeUTF`` writes it (a two-byte length, then the name in modified UTF-8). Its
+serializers are not decoded: a name found there is taken as its meta info (a necessary condition,
+not a proof). Flink's backend writes
 the meta info of every state it holds into every handle, and Flink's own rescale keeps each handle's
 data whole, so a real handle always passes. Raw operator state is the operator's own bytes, with
 no meta info: it is not checked.
@@ -43,12 +43,13 @@ MAX_META_INFO = 1 << 20
 
 def operator_state_problems(checkpoint: Checkpoint, read_files: bool = True) -> Iterator[tuple[str, int, str]]:
     """(operator label, subtask index, message) for each managed operator-state handle that names a
-    state whose meta info its data does not hold, or a partition outside its data: the first such. Inline state is always read,
-    files only where ``read_files`` (a file that does not read is left to the check of the files)."""
+    state whose meta info its data does not hold, or a partition outside its data: the first such.
+    Inline state is always read, files only where ``read_files`` (a file that does not read is left
+    to the check of the files)."""
     for op in checkpoint.metadata.operators:
         for subtask in op.subtasks:
             handle = subtask.managed_operator
-            if not isinstance(handle, OperatorStateHandle) or handle.delegate is None or not handle.states:
+            if not isinstance(handle, OperatorStateHandle) or not handle.states:
                 continue
             try:
                 message = _problem(checkpoint, handle, read_files)
@@ -67,7 +68,7 @@ def refuse_unsound_operator_state(checkpoint: Checkpoint) -> None:
 
 def _problem(checkpoint: Checkpoint, handle: OperatorStateHandle, read_files: bool) -> Optional[str]:
     delegate = handle.delegate
-    if delegate is None:
+    if delegate is None:  # an empty handle
         return None
     for state in handle.states:
         outside = next((o for o in state.offsets if not 0 < o < delegate.size), None)

@@ -58,8 +58,8 @@ class LocalFileIO(FileIO):
         """``_open``'s descriptor, and what ``fstat`` says of it."""
         path, parts = self._located(uri)
         try:
-            if parts is not None:
-                fd = _open_beneath(uri, path, self.root, parts)  # type: ignore[arg-type]
+            if parts is not None and self.root is not None:
+                fd = _open_beneath(uri, path, self.root, parts)
             else:
                 fd = os.open(path, READ_FLAGS)
         except OSError as exc:
@@ -249,14 +249,15 @@ def _locate(root: Optional[str], path: str) -> tuple[str, Optional[tuple[str, ..
 _located_absolute = functools.lru_cache(maxsize=1 << 16)(_locate)
 
 
-def _open_beneath(uri: str, path: str, root: str, parts: Optional[Sequence[str]] = None) -> int:
+def _open_beneath(uri: str, path: str, root: str, parts: Sequence[str]) -> int:
     """Open ``path``, which is named below ``root``, only where it really is below ``root``: each
     of its components is opened from ``root`` with ``O_NOFOLLOW``, so no link is followed (the
     common case, without resolving the path: a rescale's output is read a file per channel); where
     one is a link, the path's links are resolved once, then each component of what they resolve to
-    is opened so, and nothing swapped in later is followed."""
+    is opened so, and nothing swapped in later is followed. ``parts``: the path's components from
+    ``root`` (``_locate``)."""
     if path != root:
-        fd = _open_components(root, parts or path[len(root.rstrip("/")) + 1 :].split("/"))
+        fd = _open_components(root, parts)
         if fd is not None:
             return fd
     real_root = os.path.realpath(root)
