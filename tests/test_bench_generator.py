@@ -30,20 +30,27 @@ def test_generated_checkpoint_restores_with_exact_count(tmp_path):
 
 
 @pytest.mark.flink
-def test_generated_checkpoint_rescaled_as_the_benchmark_does_restores_exactly(tmp_path):
-    """The benchmark's path in small: P=4 -> 3 through ckpt's route tasks, then a Flink restore."""
+@pytest.mark.parametrize("old, new, total", [(4, 3, 2_000_000), (8, 2, 6_000_000)])
+def test_generated_checkpoint_rescaled_as_the_benchmark_does_restores_exactly(tmp_path, old, new, total):
+    """The benchmark's path in small: P=4 -> 3 through ckpt's route tasks, then a Flink restore.
+    And 8 -> 2: new channels of many buffers each, streamed: the route tasks' pieces (an old
+    channel and a target each) go to the writer a target at a time (``Pieces.by_target``), as in
+    a large rescale down."""
     from generate import FIXTURE, SCHEMA
 
+    from ckpt_tool.flink.channel_state import BUFFER_SIZE
     from ckpt_tool.ops.rescale import rescale
     from ckpt_tool.session import Session
 
     source = tmp_path / "src" / "job" / "chk-3"
-    info = generate(source, 4, 2_000_000)
+    info = generate(source, old, total)
     target = tmp_path / "out" / "job" / "chk-3"
     session = Session.open(str(source), str(SCHEMA), str(FIXTURE / "plan.json"), "local")
-    report = rescale(session, str(target), 3).as_dict()
+    report = rescale(session, str(target), new).as_dict()
     assert report["inflation"] == 1.0 and report["records_in"] >= info["generated_records"]
-    assert flink_env.restore_count("2.3.0", target, 3, backend="hashmap") == info["expected_count"]
+    if new == 2:
+        assert info["channel_state_bytes"] / (new * new) > 8 * BUFFER_SIZE  # no new channel fits one buffer
+    assert flink_env.restore_count("2.3.0", target, new, backend="hashmap") == info["expected_count"]
 
 
 @pytest.mark.parametrize("handles", [None, "plain"])

@@ -160,8 +160,10 @@ TOGETHER_BYTES = 1 << 20
 READ_TOGETHER_BYTES = 8 << 20
 # A route task of at most this many bytes is routed first, then written at once where each of its new
 # channels fits in a buffer (``small_channels_file``): the many small tasks of a job at high parallelism
-# (a few KiB to a few hundred). Larger ones stream their file as they route.
-COLLECT_BYTES = 1 << 20
+# (a few KiB to a few MiB: a rescale of p=4,096 dense to 1,024 routes 1.6 MB into each of 1,024 new
+# channels of a task, a few hundred bytes each, which at 1 MiB had streamed a call per channel).
+# Larger ones stream their file as they route, a piece per target of each upstream subtask.
+COLLECT_BYTES = 16 << 20
 SMALL_CHANNEL = 64 << 10  # mean bytes of a channel below which a rescale reads an engine task's channels at once
 # Bytes of each routed channel's digest the driver keeps until the proof, the first of its xxh3-128
 # digest: a 64-bit hash, which a channel read back other than routed matches by chance once in 2^64
@@ -864,7 +866,8 @@ def route_task(
             result.placed = _placed_small(small, shift)
             return
         blocks = columns  # some channel fills a buffer: streamed, from the pieces routed
-    for target, piece, count in chain.from_iterable(blocks):
+    # each upstream subtask's columns a piece per target (not per old channel and target)
+    for target, piece, count in chain.from_iterable(b.by_target() if isinstance(b, Pieces) else b for b in blocks):
         records[target] += count
         digests.setdefault(target, xxhash.xxh3_128()).update(piece)
         yield from writer.add(target, piece)

@@ -575,6 +575,27 @@ class Pieces:
             np.fromiter((count for _, _, count in pieces), dtype=np.int64, count=len(pieces)),
         )
 
+    def by_target(self) -> Pieces:
+        """The same records with each target's pieces joined into one piece (targets ascending,
+        a target's pieces in the order they came): a writer then takes one piece per target, not
+        one per old channel (a rescale of p=4,096 to 64 routes 16.8 million one-record pieces into
+        4,096 channels). Without a copy where the pieces already come by target."""
+        count = len(self.targets)
+        if count < 2:
+            return self
+        in_order = bool((self.targets[1:] >= self.targets[:-1]).all())
+        order = np.arange(count) if in_order else np.argsort(self.targets, kind="stable")
+        ordered = self.targets[order]
+        firsts = np.flatnonzero(np.diff(ordered, prepend=ordered[0] - 1))
+        records = np.add.reduceat(self.records[order], firsts)
+        if in_order and bool((self.begins[1:] == self.ends[:-1]).all()):  # one run of bytes: views of it
+            lasts = np.append(firsts[1:], count) - 1
+            return Pieces(ordered[firsts], self.data, self.begins[firsts], self.ends[lasts], records)
+        totals = np.add.reduceat((self.ends - self.begins)[order], firsts)
+        ends = np.cumsum(totals)
+        data = _framing.gather(self.data, self.begins[order], self.ends[order])
+        return Pieces(ordered[firsts], data, ends - totals, ends, records)
+
     @staticmethod
     def concatenate(parts: Sequence[Pieces]) -> Pieces:
         """The pieces of ``parts`` one after another."""
