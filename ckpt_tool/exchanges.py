@@ -28,10 +28,6 @@ from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, suspects_o
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
-# (exchange index, upstream subtask, digest) -> old downstream subtasks holding that record
-Holders = dict[tuple[int, int, bytes], set[int]]
-
-
 # a channel row of ``ExchangeScan.as_dict()``'s JSON, as the literal text around its values (the
 # last value, misplaced_records, is null where the exchange is not keyed)
 _CHANNEL_ROW = (
@@ -180,8 +176,8 @@ class ExchangeScan:
 
 
 def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exchange], progress: Progress):
-    """Channel figures and, per exchange and upstream subtask, the records held by several
-    downstream subtasks."""
+    """Channel figures and, per exchange, the copies of records held by several downstream
+    subtasks of one upstream subtask (``_copies_held``)."""
     # channels of one downstream subtask together (``tasks`` by downstream: its input state is one
     # file), in byte-sized batches, each scanned in one pass (scan_batch) and returned as columns
     scans = ScanColumns.concatenate(
@@ -191,30 +187,52 @@ def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exch
     named = tuple(column.astype(np.int32, copy=False) for column in (tasks.exchange_index, tasks.upstream, tasks.downstream))
     scans.columns = dict(zip(FIGURES[:3], named)) | {name: scans.columns[name] for name in FIGURES[3:]}
     suspects = suspects_of_holdings(scans)
-    holders: Holders = {}
     if not suspects:  # no key group held where it does not belong: nothing held twice (p² rows spared)
-        return scans, holders
+        return scans, Counter()
     wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number
     wanted = np.array([e * wide + u for e, u in suspects if u < wide], dtype=np.int64)
     again = tasks.take(np.isin(tasks.exchange_index.astype(np.int64) * wide + tasks.upstream, wanted))
-    for s in engine.map(
-        lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
-        again,
-        sizes=again.size,
-    ):
-        for digest in s.digests:
-            holders.setdefault((s.exchange_index, s.upstream_subtask, digest), set()).add(s.downstream_subtask)
-    return scans, {k: v for k, v in holders.items() if len(v) > 1}
+    found = [
+        (s.exchange_index, s.upstream_subtask, s.downstream_subtask, s.digests)
+        for s in engine.map(
+            lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
+            again,
+            sizes=again.size,
+        )
+        if s.digests
+    ]
+    return scans, _copies_held(found)
+
+
+def _copies_held(found: list[tuple[int, int, int, bytes]]) -> Counter:
+    """Per exchange, the copies among the records of (exchange, upstream subtask, downstream
+    subtask, their xxh3-128 digests): a record whose digest several downstream subtasks of one
+    upstream subtask hold is held ``holders - 1`` times too often. Grouped at once with NumPy (an
+    inflated checkpoint holds millions of copies)."""
+    if not found:
+        return Counter()
+    counts = np.array([len(digests) // 16 for *_, digests in found], dtype=np.int64)
+    exchange, upstream, downstream = (np.repeat(np.array(column, dtype=np.int64), counts) for column in list(zip(*found))[:3])
+    digest = np.frombuffer(b"".join([digests for *_, digests in found]), dtype=np.uint64).reshape(-1, 2)
+    order = np.lexsort((downstream, digest[:, 1], digest[:, 0], upstream, exchange))
+    record = np.stack(
+        [exchange[order], upstream[order], digest[order, 0].view(np.int64), digest[order, 1].view(np.int64)], axis=1
+    )
+    first = np.ones(len(order), dtype=bool)  # the first of each (exchange, upstream, digest)
+    first[1:] = (record[1:] != record[:-1]).any(axis=1)
+    holder = first.copy()  # the first of each (exchange, upstream, digest, downstream)
+    holder[1:] |= downstream[order][1:] != downstream[order][:-1]
+    group = np.cumsum(first) - 1
+    holders = np.bincount(group, weights=holder).astype(np.int64)
+    copies = np.bincount(exchange[order][first], weights=holders - 1).astype(np.int64)
+    return Counter({index: int(n) for index, n in enumerate(copies.tolist()) if n})
 
 
 def scan_exchanges(
     checkpoint: Checkpoint, exchanges: list[Exchange], engine: Engine, progress: Progress = None
 ) -> list[ExchangeScan]:
     """Records per channel, key-group histograms, misplaced and duplicate records per exchange."""
-    scans, holders = _scan_with_digests(engine, channel_tasks(checkpoint, exchanges, by_downstream=True), exchanges, progress)
-    duplicates: Counter = Counter()
-    for (exchange_index, _, _), subtasks in holders.items():
-        duplicates[exchange_index] += len(subtasks) - 1
+    scans, duplicates = _scan_with_digests(engine, channel_tasks(checkpoint, exchanges, by_downstream=True), exchanges, progress)
     exchange_index = scans.columns["exchange_index"]
     if len(exchange_index) > 1 and not bool((exchange_index[1:] >= exchange_index[:-1]).all()):
         scans = scans.select(np.argsort(exchange_index, kind="stable"))  # the tasks' table has them exchange by exchange

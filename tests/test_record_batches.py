@@ -317,3 +317,65 @@ def test_a_corrupt_channel_is_named_as_before(tmp_path):
         scan_batch(tasks, exchanges)
     assert "negative record length" in str(alone.value)
     assert str(together.value) == str(alone.value)
+
+
+def test_replica_copies_are_the_records_held_by_several_subtasks_found_at_once():
+    """``_replica_copies`` (a repair of an inflated checkpoint: millions of copies) groups the
+    suspect records of an upstream subtask's channels by digest at once. Per record it gives what
+    the definition says, record by record on the bytes: a copy where several old subtasks hold the
+    same record (in key groups several of them hold), dropped where its holder is not the lowest;
+    the same record twice in one channel is not a copy of itself; the counters agree."""
+    from ckpt_tool.records.route import _replica_copies
+
+    rng = random.Random(47)
+    dropped = 0
+    for _ in range(150):
+        pool = [bytes([1]) + rng.randbytes(rng.randrange(1, 6)) for _ in range(rng.randrange(1, 12))]
+        channels, groups = [], []
+        for downstream in sorted(rng.sample(range(8), rng.randrange(1, 6))):
+            bodies = [rng.choice(pool) for _ in range(rng.randrange(0, 10))]
+            stream = b"".join(struct.pack(">i", len(body)) + body for body in bodies)
+            channels.append((downstream, frame_channel(stream)))
+            groups.append(np.array([pool.index(body) % 3 + (downstream % 2) * 2 for body in bodies], dtype=np.int64))
+        counters = RouteCounters()
+        copies, drops = _replica_copies(channels, groups, counters)
+        holders: dict[int, set[int]] = {}  # key group -> subtasks holding it
+        for (downstream, _), g in zip(channels, groups):
+            for group in g.tolist():
+                holders.setdefault(group, set()).add(downstream)
+        if all(len(h) < 2 for h in holders.values()):
+            assert copies == [None] * len(channels) and counters == RouteCounters()
+            continue
+        found: dict[bytes, set[int]] = {}  # suspect record -> subtasks holding it
+        for (downstream, records), g in zip(channels, groups):
+            for index, group in enumerate(g.tolist()):
+                if len(holders[group]) > 1:
+                    found.setdefault(records.element(index), set()).add(downstream)
+        removed = 0
+        for ((downstream, records), g), copy, drop in zip(zip(channels, groups), copies, drops):
+            for index, group in enumerate(g.tolist()):
+                held = found.get(records.element(index), set()) if len(holders[group]) > 1 else set()
+                assert bool(copy[index]) == (len(held) > 1)
+                assert bool(drop[index]) == (len(held) > 0 and min(held) != downstream)
+                removed += bool(drop[index])
+        assert counters.replicas_found == sum(len(h) - 1 for h in found.values())
+        assert counters.replicas_removed == removed
+        dropped += removed
+    assert dropped > 100  # the cases hold copies
+
+
+def test_records_that_share_a_digest_but_differ_are_refused_not_dropped():
+    """Copies are found by xxh3-128 digests, which crafted input can make collide: before a record
+    is dropped as a copy, it is compared byte for byte with the record it copies; where they differ,
+    ckpt refuses the checkpoint rather than drop a record."""
+    from ckpt_tool.errors import CheckpointFormatError
+    from ckpt_tool.records.route import _check_copies_equal
+
+    bodies = [b"\x01first", b"\x01other"]  # the same length: only their bytes differ
+    channels = [(d, frame_channel(struct.pack(">i", len(body)) + body)) for d, body in enumerate(bodies)]
+    found = [(np.array([0]), b"\x07" * 16), (np.array([0]), b"\x07" * 16)]  # the same digest, as a collision gives
+    order, first, group, subtasks = np.array([0, 1]), np.array([True, False]), np.array([0, 0]), np.array([2])
+    with pytest.raises(CheckpointFormatError, match="same xxh3-128 digest"):
+        _check_copies_equal(channels, found, order, first, group, subtasks)
+    same = [(d, frame_channel(struct.pack(">i", 6) + b"\x01first")) for d in range(2)]
+    _check_copies_equal(same, found, order, first, group, subtasks)  # equal bytes: copies indeed

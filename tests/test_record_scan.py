@@ -114,3 +114,31 @@ def test_channels_are_listed_by_upstream_then_downstream_however_they_were_scann
     assert exchanges._grid(scanned(sparse).columns["upstream_subtask"], scanned(sparse).columns["downstream_subtask"]) is None
     shuffled_scan = scanned(shuffled)
     assert exchanges._grid(shuffled_scan.columns["upstream_subtask"], shuffled_scan.columns["downstream_subtask"]) is None
+
+
+def test_copies_held_count_what_the_holders_of_each_digest_say():
+    """``_copies_held`` (verify and inspect of an inflated checkpoint: millions of suspect records)
+    counts per exchange, at once, the copies the definition counts: for each (exchange, upstream
+    subtask, record digest), the downstream subtasks holding it, less one; a record twice in one
+    channel is not a copy, and the same record from two upstream subtasks is two records."""
+    import random
+    from collections import Counter
+
+    from ckpt_tool.exchanges import _copies_held
+
+    rng = random.Random(5)
+    pool = [rng.randbytes(16) for _ in range(9)]
+    for _ in range(200):
+        found = [
+            (rng.randrange(3), rng.randrange(3), rng.randrange(4), b"".join(rng.choice(pool) for _ in range(rng.randrange(0, 6))))
+            for _ in range(rng.randrange(0, 12))
+        ]
+        holders: dict[tuple, set[int]] = {}
+        for exchange, upstream, downstream, digests in found:
+            for at in range(0, len(digests), 16):
+                holders.setdefault((exchange, upstream, digests[at : at + 16]), set()).add(downstream)
+        wanted: Counter = Counter()
+        for (exchange, _, _), held in holders.items():
+            if len(held) > 1:
+                wanted[exchange] += len(held) - 1
+        assert _copies_held([f for f in found if f[3]]) == wanted

@@ -31,12 +31,12 @@ from typing import Optional
 
 import numpy as np
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CheckpointFormatError, CkptError
 from ckpt_tool.flink.channel_state import Pieces
 from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups
 from ckpt_tool.records.keys import operator_index_for_key_group
-from ckpt_tool.records.scan import suspect_digests, suspect_key_groups
+from ckpt_tool.records.scan import element_bounds, suspect_key_groups, suspect_records
 from ckpt_tool.records.schema import Exchange, SchemaError
 
 
@@ -109,27 +109,68 @@ def _key_groups(keys: Optional[KeyGroups], records: ChannelRecords, upstream: in
 
 def _replica_copies(channels, groups, counters: RouteCounters) -> tuple[list, list]:
     """Per channel, masks of the records held by several old downstream subtasks (in key groups
-    that several of them hold), and of the copies to drop: all but the lowest subtask's."""
+    that several of them hold), and of the copies to drop: all but the lowest subtask's. The
+    suspect records of all the channels are grouped by their digests at once (an inflated
+    checkpoint holds millions of copies); records of one digest are compared byte for byte before
+    any is dropped."""
     held = [(None, downstream, np.flatnonzero(np.bincount(g))) for (downstream, _), g in zip(channels, groups)]
     suspects = suspect_key_groups(held).get(None)  # one upstream channel: no key needed
     if not suspects:
         return [None] * len(channels), [None] * len(channels)
-    candidates = [suspect_digests(records, g, suspects) for (_, records), g in zip(channels, groups)]
-    digests: dict[bytes, set[int]] = {}
-    for (downstream, _), found in zip(channels, candidates):
-        for _, digest in found:
-            digests.setdefault(digest, set()).add(downstream)
-    counters.replicas_found += sum(len(s) - 1 for s in digests.values())
-    copies, drops = [], []
-    for (downstream, records), found in zip(channels, candidates):
-        copy, drop = np.zeros(len(records.tags), dtype=bool), np.zeros(len(records.tags), dtype=bool)
-        for index, digest in found:
-            copy[index] = len(digests[digest]) > 1
-            drop[index] = min(digests[digest]) != downstream
+    found = [suspect_records(records, g, suspects) for (_, records), g in zip(channels, groups)]
+    counts = np.array([len(indices) for indices, _ in found], dtype=np.int64)
+    copy = np.zeros(int(counts.sum()), dtype=bool)
+    drop = np.zeros_like(copy)
+    if len(copy):
+        holder = np.repeat(np.array([downstream for downstream, _ in channels], dtype=np.int64), counts)
+        digest = np.frombuffer(b"".join([digests for _, digests in found]), dtype=np.uint64).reshape(-1, 2)
+        order = np.lexsort((holder, digest[:, 1], digest[:, 0]))  # by digest, then holder
+        ordered, holders = digest[order], holder[order]
+        first = np.ones(len(order), dtype=bool)  # the first record of each digest
+        first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+        group = np.cumsum(first) - 1
+        new_holder = first.copy()  # the first record of each (digest, holder)
+        new_holder[1:] |= holders[1:] != holders[:-1]
+        subtasks = np.bincount(group, weights=new_holder).astype(np.int64)  # holders of each digest
+        _check_copies_equal(channels, found, order, first, group, subtasks)
+        copy[order] = subtasks[group] > 1
+        drop[order] = holders[np.flatnonzero(first)][group] != holders  # not the lowest holder
+        counters.replicas_found += int((subtasks - 1).sum())
         counters.replicas_removed += int(drop.sum())
-        copies.append(copy)
-        drops.append(drop)
+    copies, drops = [], []
+    for ((_, records), (indices, _)), at, end in zip(zip(channels, found), np.cumsum(counts) - counts, np.cumsum(counts)):
+        copies.append(np.zeros(len(records.tags), dtype=bool))
+        drops.append(np.zeros(len(records.tags), dtype=bool))
+        copies[-1][indices], drops[-1][indices] = copy[at:end], drop[at:end]
     return copies, drops
+
+
+COMPARED_AT_ONCE = 1 << 16  # copies compared byte for byte with their digest's first record at a time
+
+
+def _check_copies_equal(channels, found, order, first, group, subtasks) -> None:
+    """Every record whose digest several subtasks hold equals, byte for byte, the first record of
+    that digest: a digest is not proof (xxh3 is fast, not collision-proof against crafted input),
+    so nothing is dropped as a copy of a record it does not equal."""
+    copied = np.flatnonzero(subtasks[group] > 1)  # positions in ``order``
+    if not len(copied):
+        return
+    bounds = [element_bounds(records, indices) for (_, records), (indices, _) in zip(channels, found)]
+    sizes = np.concatenate([ends - starts for starts, ends in bounds])
+    joined = b"".join([_framing.gather(records.data, *bound) for (_, records), bound in zip(channels, bounds)])
+    at = (np.cumsum(sizes) - sizes)[order]  # each record's place in ``joined``, in digest order
+    lengths = sizes[order]
+    twin = np.flatnonzero(first)[group]  # each record's digest's first record, in digest order
+    for start in range(0, len(copied), COMPARED_AT_ONCE):
+        mine = copied[start : start + COMPARED_AT_ONCE]
+        theirs = twin[mine]
+        if (lengths[mine] != lengths[theirs]).any() or _framing.gather(joined, at[mine], at[mine] + lengths[mine]) != (
+            _framing.gather(joined, at[theirs], at[theirs] + lengths[theirs])
+        ):
+            raise CheckpointFormatError(
+                "two different records of one upstream subtask have the same xxh3-128 digest, so ckpt cannot tell "
+                "the copies of a record apart (a crafted checkpoint?): refused"
+            )
 
 
 def _refuse_misplaced(channels, groups, copies, spec: RouteSpec, upstream: int, old_parallelism: int) -> None:
