@@ -45,7 +45,16 @@ state without corresponding meta info", and Flink 2.3 restores it empty; now the
 OK, 17 refused; a source coordinator's state altered twice, on which Flink's job never ends or
 fails), nor in ``flink116-hashmap-p2`` (seed 82: 8 OK, 27 refused; a DIFF where a subpartition
 index was altered, Flink's own rescale failing and ckpt's output restoring with the exact 60,010)
-nor in ``flink23-savepoint-native-p2`` (seed 83: 10 OK, 27 refused). Left: opaque
+nor in ``flink23-savepoint-native-p2`` (seed 83: 10 OK, 27 refused), nor in
+``flink120-sqltypes-p2`` (seed 84: 5 OK, 21 refused; a DIFF, a handle's subtask index altered),
+``flink118-hashmap-p2`` (seed 85: 13 OK, 36 refused; a handle's subtask index, and a coordinator's
+state on which both restores hang), ``flink119-hashmap-p2`` (seed 86: 21 OK, 42 refused; three DIFF,
+each a handle's subtask index), ``flink23-pojo-p2`` (seed 87: 19 OK, 35 refused; a chained
+operator's id, on which both restores fail, and a handle's subtask index) or
+``flink120-savepoint-native-p2`` (seed 88, stopped after 22 OK and a SAME-FAIL, an operator's id,
+while restores hung on a coordinator's state). In each DIFF of a subtask index Flink's own rescale
+fails ("Cannot select SubtaskConnectionDescriptor") and ckpt's output restores exactly; ``verify``
+names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """
