@@ -24,7 +24,7 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
+from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
@@ -211,13 +211,11 @@ def _copies_held(found: list[tuple[int, int, int, bytes]]) -> Counter:
     inflated checkpoint holds millions of copies)."""
     if not found:
         return Counter()
-    counts = np.array([len(digests) // 16 for *_, digests in found], dtype=np.int64)
+    counts = np.array([len(digests) // DIGEST_BYTES for *_, digests in found], dtype=np.int64)
     exchange, upstream, downstream = (np.repeat(np.array(column, dtype=np.int64), counts) for column in list(zip(*found))[:3])
     digest = np.frombuffer(b"".join([digests for *_, digests in found]), dtype=np.uint64).reshape(-1, 2)
     order = np.lexsort((downstream, digest[:, 1], digest[:, 0], upstream, exchange))
-    record = np.stack(
-        [exchange[order], upstream[order], digest[order, 0].view(np.int64), digest[order, 1].view(np.int64)], axis=1
-    )
+    record = np.column_stack([exchange[order], upstream[order], digest[order].view(np.int64)])
     first = np.ones(len(order), dtype=bool)  # the first of each (exchange, upstream, digest)
     first[1:] = (record[1:] != record[:-1]).any(axis=1)
     holder = first.copy()  # the first of each (exchange, upstream, digest, downstream)

@@ -40,6 +40,9 @@ class ChannelScan:
     misplaced_key_groups: frozenset = frozenset()  # key groups of its records that its subtask does not own
 
 
+DIGEST_BYTES = 16  # an xxh3-128 digest, as ``_framing.digests`` makes it
+
+
 def suspect_records(records: ChannelRecords, key_groups: np.ndarray, suspects: frozenset) -> tuple[np.ndarray, bytes]:
     """The element indices of the records whose key group (``key_groups``, one per record) is a
     suspect, and the xxh3-128 digest of each such element (16 bytes each, in that order), made
