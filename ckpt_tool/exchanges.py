@@ -24,7 +24,7 @@ from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, suspects_of_holdings
+from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, digest_holders, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
@@ -214,14 +214,7 @@ def _copies_held(found: list[tuple[int, int, int, bytes]]) -> Counter:
     counts = np.array([len(digests) // DIGEST_BYTES for *_, digests in found], dtype=np.int64)
     exchange, upstream, downstream = (np.repeat(np.array(column, dtype=np.int64), counts) for column in list(zip(*found))[:3])
     digest = np.frombuffer(b"".join([digests for *_, digests in found]), dtype=np.uint64).reshape(-1, 2)
-    order = np.lexsort((downstream, digest[:, 1], digest[:, 0], upstream, exchange))
-    record = np.column_stack([exchange[order], upstream[order], digest[order].view(np.int64)])
-    first = np.ones(len(order), dtype=bool)  # the first of each (exchange, upstream, digest)
-    first[1:] = (record[1:] != record[:-1]).any(axis=1)
-    holder = first.copy()  # the first of each (exchange, upstream, digest, downstream)
-    holder[1:] |= downstream[order][1:] != downstream[order][:-1]
-    group = np.cumsum(first) - 1
-    holders = np.bincount(group, weights=holder).astype(np.int64)
+    order, first, _, holders = digest_holders(digest, downstream, exchange, upstream)
     copies = np.bincount(exchange[order][first], weights=holders - 1).astype(np.int64)
     return Counter({index: int(n) for index, n in enumerate(copies.tolist()) if n})
 

@@ -36,7 +36,7 @@ from ckpt_tool.flink.channel_state import Pieces
 from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups
 from ckpt_tool.records.keys import operator_index_for_key_group
-from ckpt_tool.records.scan import element_bounds, suspect_key_groups, suspect_records
+from ckpt_tool.records.scan import digest_holders, suspect_key_groups, suspect_records
 from ckpt_tool.records.schema import Exchange, SchemaError
 
 
@@ -124,21 +124,16 @@ def _replica_copies(channels, groups, counters: RouteCounters) -> tuple[list, li
     if len(copy):
         holder = np.repeat(np.array([downstream for downstream, _ in channels], dtype=np.int64), counts)
         digest = np.frombuffer(b"".join([digests for _, digests in found]), dtype=np.uint64).reshape(-1, 2)
-        order = np.lexsort((holder, digest[:, 1], digest[:, 0]))  # by digest, then holder
-        ordered, holders = digest[order], holder[order]
-        first = np.ones(len(order), dtype=bool)  # the first record of each digest
-        first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
-        group = np.cumsum(first) - 1
-        new_holder = first.copy()  # the first record of each (digest, holder)
-        new_holder[1:] |= holders[1:] != holders[:-1]
-        subtasks = np.bincount(group, weights=new_holder).astype(np.int64)  # holders of each digest
+        order, first, group, subtasks = digest_holders(digest, holder)  # subtasks: holders of each digest
         _check_copies_equal(channels, found, order, first, group, subtasks)
+        holders = holder[order]
         copy[order] = subtasks[group] > 1
         drop[order] = holders[np.flatnonzero(first)][group] != holders  # not the lowest holder
         counters.replicas_found += int((subtasks - 1).sum())
         counters.replicas_removed += int(drop.sum())
     copies, drops = [], []
-    for ((_, records), (indices, _)), at, end in zip(zip(channels, found), np.cumsum(counts) - counts, np.cumsum(counts)):
+    ends = np.cumsum(counts)
+    for ((_, records), (indices, _)), at, end in zip(zip(channels, found), ends - counts, ends):
         copies.append(np.zeros(len(records.tags), dtype=bool))
         drops.append(np.zeros(len(records.tags), dtype=bool))
         copies[-1][indices], drops[-1][indices] = copy[at:end], drop[at:end]
@@ -155,7 +150,7 @@ def _check_copies_equal(channels, found, order, first, group, subtasks) -> None:
     copied = np.flatnonzero(subtasks[group] > 1)  # positions in ``order``
     if not len(copied):
         return
-    bounds = [element_bounds(records, indices) for (_, records), (indices, _) in zip(channels, found)]
+    bounds = [records.element_bounds(indices) for (_, records), (indices, _) in zip(channels, found)]
     sizes = np.concatenate([ends - starts for starts, ends in bounds])
     joined = b"".join([_framing.gather(records.data, *bound) for (_, records), bound in zip(channels, bounds)])
     at = (np.cumsum(sizes) - sizes)[order]  # each record's place in ``joined``, in digest order

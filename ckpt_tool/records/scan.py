@@ -50,15 +50,24 @@ def suspect_records(records: ChannelRecords, key_groups: np.ndarray, suspects: f
     chosen = np.zeros(len(records.tags), dtype=bool)
     chosen[records.is_record] = np.isin(key_groups, list(suspects))
     indices = np.flatnonzero(chosen)
-    starts, ends = element_bounds(records, indices)
-    return indices, _framing.digests(records.data, starts, ends)
+    return indices, _framing.digests(records.data, *records.element_bounds(indices))
 
 
-def element_bounds(records: ChannelRecords, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where elements ``indices`` lie in ``records.data``, without their length fields (as
-    ``records.element`` gives them)."""
-    starts = np.ascontiguousarray(records.starts[indices], dtype=np.int64) + 4
-    return starts, np.ascontiguousarray(records.ends[indices], dtype=np.int64)
+def digest_holders(digest: np.ndarray, holder: np.ndarray, *outer: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Records grouped by (``outer`` keys, their digest), each group's holders counted, at once:
+    ``digest`` is each record's xxh3-128 as (n, 2) uint64, ``holder`` the subtask holding it.
+    Returns the records' order (by the outer keys, the digest, then the holder), in that order a
+    mask of each group's first record and each record's group, and each group's number of distinct
+    holders (a record twice in one holder counts once)."""
+    order = np.lexsort((holder, digest[:, 1], digest[:, 0], *reversed(outer)))
+    keys = np.column_stack([*(key[order] for key in outer), digest[order].view(np.int64)])
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+    held = holder[order]
+    new_holder = first.copy()  # the first record of each (group, holder)
+    new_holder[1:] |= held[1:] != held[:-1]
+    group = np.cumsum(first) - 1
+    return order, first, group, np.bincount(group, weights=new_holder).astype(np.int64)
 
 
 def scan_records(
