@@ -52,7 +52,10 @@ state on which both restores hang), ``flink119-hashmap-p2`` (seed 86: 21 OK, 42 
 each a handle's subtask index), ``flink23-pojo-p2`` (seed 87: 19 OK, 35 refused; a chained
 operator's id, on which both restores fail, and a handle's subtask index) or
 ``flink120-savepoint-native-p2`` (seed 88, stopped after 22 OK and a SAME-FAIL, an operator's id,
-while restores hung on a coordinator's state). In each DIFF of a subtask index Flink's own rescale
+while restores hung on a coordinator's state), nor in ``flink23-sqltypes-p2`` (seed 89: 16 OK, 20
+refused) or ``flink120-sideout-p2`` (seed 90: 20 OK, 56 refused; three DIFF, each a handle's subtask
+index, and two where an operator's id was altered, on which both restores fail alike, Flink's
+"Cannot map checkpoint/savepoint state for operator": the chained operator's id above). In each DIFF of a subtask index Flink's own rescale
 fails ("Cannot select SubtaskConnectionDescriptor") and ckpt's output restores exactly; ``verify``
 names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or

@@ -4,19 +4,21 @@ records in the same order, with the same timestamps, sizes, key hashes, key grou
 
 from __future__ import annotations
 
+import json
 import struct
 from collections import defaultdict
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_types import flink_string
 
 from catalog import ALL_FIXTURES
 from ckpt_tool.engine import LocalEngine
 from ckpt_tool.ops.records import ExportError, export_records
 from ckpt_tool.records.batch import frame_channels
 from ckpt_tool.records.elements import RECORD
-from ckpt_tool.records.export import Decoding, record_columns
+from ckpt_tool.records.export import Decoding, file_schema, record_columns, table
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types.binary import RecordDecodeError
 from ckpt_tool.session import Session
@@ -116,8 +118,108 @@ def test_records_of_channels_framed_together_are_named_by_their_own_channel():
         return record_columns(framed.records, indices, indices - framed.first[channel], where, Decoding(exchange, ""), 128, 3)
 
     good = columns([element(long(1)) + element(long(2)), b"", element(long(3))])
-    assert good["value"] == [1, 2, 3] and good["exchange"] == ["up -> down"] * 3
+    assert good["value"].to_pylist() == [1, 2, 3] and good["exchange"] == ["up -> down"] * 3
     assert good["upstream_subtask"].tolist() == [3, 3, 5] and good["downstream_subtask"].tolist() == [0, 0, 2]
     assert good["element_index"].tolist() == [0, 1, 0]
     with pytest.raises(RecordDecodeError, match=r"^up -> down, channel 5 -> 2: stream element 1: record ends after"):
         columns([element(long(1)) * 2, element(long(2)), element(long(3)) + element(b"\0\0\0\1")])
+
+
+def _java_string(text) -> bytes:
+    """StringValue.writeString, null as 0."""
+    return b"\0" if text is None else flink_string(text)
+
+
+TEXTS = ["", "a", "user-7", None, "é", "x" * 300, "😀 x", "y" * 127, "plain"]
+
+
+def _pojo(i: int) -> bytes:
+    # pojo<amount:double,id:long,name:string> (fields by name): flags 0x02, then a null flag and a value per field
+    amount = b"\x01" if i % 7 == 3 else b"\x00" + struct.pack(">d", i / 4)
+    return b"\x02" + amount + b"\x00" + struct.pack(">q", i * 31) + b"\x00" + _java_string(TEXTS[i % len(TEXTS)])
+
+
+FLAT_CASES = {
+    "tuple<long,string>": (("f0",), lambda i: struct.pack(">q", i - 20) + _java_string(TEXTS[i % len(TEXTS)])),
+    "tuple<int,boolean,double,string>": (
+        ("f0", "f1"),
+        lambda i: struct.pack(">i?d", -i, i % 3 == 0, i * 0.5) + _java_string(TEXTS[i % len(TEXTS)]),
+    ),
+    "pojo<name:string,id:long,amount:double>": (("id",), _pojo),
+    "string": (("value",), lambda i: _java_string(TEXTS[i % len(TEXTS)])),
+    "long": (("value",), lambda i: struct.pack(">q", i * 1_000_003)),
+    "tuple<double,float>": (("f0",), lambda i: struct.pack(">df", i / 3, -i / 7)),
+}
+
+
+@pytest.mark.parametrize("record_type", sorted(FLAT_CASES))
+def test_flat_values_read_as_columns_equal_the_values_decoded_one_by_one(record_type):
+    """Values of a flat type are read a column at a time where their bytes allow it (ASCII
+    strings, no null fields) and decoded one by one where not (a string of other text, a POJO's
+    null field): each row, and its key, timestamp and printed key, is what decoding every record
+    one by one gives, also where the file's value holds the fields of several exchanges."""
+    key, value = FLAT_CASES[record_type]
+
+    def element(i: int) -> bytes:
+        body = (bytes([RECORD]) if i % 4 else b"\0" + struct.pack(">q", 1000 + i)) + value(i)
+        return struct.pack(">i", len(body)) + body
+
+    framed = frame_channels([b"".join(element(i) for i in range(60)), b"", b"".join(element(i) for i in range(60, 75))])
+    indices = np.flatnonzero(framed.records.is_record)
+    channel = framed.channel[indices]
+    exchange = Exchange("up", "down", record_type=record_type, key=key)
+    other = Exchange("up", "down", gate=1, record_type="tuple<long,long>", key=("f0",))
+    for exchanges, place in (([exchange], ""), ([exchange, other], "exchange_0")):
+        schema, places = file_schema(exchanges)
+        assert places[0] == place
+        rows = []
+        for flat in (True, False):
+            decoding = Decoding(exchange, place)
+            assert decoding.flat is not None
+            if not flat:
+                decoding.flat = decoding.key_fields = None
+            where = {
+                "exchange": "up -> down",
+                "upstream_subtask": np.array([3, 4, 5])[channel],
+                "downstream_subtask": np.zeros(len(channel), dtype=np.int64),
+            }
+            columns = record_columns(framed.records, indices, indices - framed.first[channel], where, decoding, 128, 3)
+            rows.append(table(columns, schema).to_pylist())
+        assert len(rows[0]) == 75
+        assert rows[0] == rows[1]
+    flat = Decoding(exchange, "").flat
+    assert flat is not None
+    decoded = flat.columns(framed.records, indices).decoded
+    if "string" in record_type or "pojo" in record_type:
+        assert decoded.any() and not decoded.all()  # both paths taken
+    else:
+        assert decoded.all()
+
+
+def test_types_that_are_not_flat_are_decoded_one_by_one():
+    for record_type in ("tuple<long,char>", "list<long>", "tuple<string,long>", "row<long,string>", "bytes", "char"):
+        assert Decoding(Exchange("up", "down", record_type=record_type, key=()), "").flat is None
+
+
+@pytest.mark.parametrize(
+    "record_type, key, value",
+    [
+        ("tuple<string,long>", ("f0",), lambda i: _java_string(f"k-{i % 5}é") + struct.pack(">q", i)),
+        ("tuple<string,long>", ("f1", "f0"), lambda i: _java_string(f"k-{i}") + struct.pack(">q", -i)),
+        ("row<long,string>", ("f1",), lambda i: b"\0" + struct.pack(">q", i) + _java_string(TEXTS[i % len(TEXTS)] or "n")),
+    ],
+)
+def test_keys_of_values_decoded_once_equal_the_keys_read_from_their_bytes(record_type, key, value):
+    """Where a value is decoded one by one, its key is taken from the decoded value (not decoded a
+    second time): the same hash, key group and printed key as the key function on the bytes."""
+    framed = frame_channels([b"".join(struct.pack(">i", 1 + len(value(i))) + bytes([RECORD]) + value(i) for i in range(30))])
+    indices = np.flatnonzero(framed.records.is_record)
+    exchange = Exchange("up", "down", record_type=record_type, key=key)
+    decoding = Decoding(exchange, "")
+    assert decoding.flat is None
+    where = {"exchange": "up -> down", "upstream_subtask": np.zeros(30, np.int64), "downstream_subtask": np.zeros(30, np.int64)}
+    columns = record_columns(framed.records, indices, indices, where, decoding, 128, 3)
+    key_of = exchange.key_function()
+    want = [key_of(framed.records.element(i), 1) for i in indices.tolist()]
+    assert columns["key_hash"].tolist() == [h if h < 2**31 else h - 2**32 for h, _ in want]
+    assert columns["key"] == [json.dumps(k, ensure_ascii=False) for _, k in want]

@@ -236,8 +236,9 @@ def _leading(value_type: DataType) -> _Leading:
     return _Leading(tuple(places), tuple(expected), offset, tuple(value_type.fields[len(places) :]))
 
 
-def _fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
-    """The fixed layout of a key, or None where a field before or in the key varies in size."""
+def fixed_key(value_type: DataType, key: tuple) -> Optional[_FixedKey]:
+    """Where a key lies in every value of ``value_type`` (``fixed_key_hashes`` reads it), or None
+    where a field before or in the key varies in size."""
     leading = _leading(value_type)
     if value_type.name in _FIXED:
         return _FixedKey(leading.places, ()) if list(key) in (["value"], ["*"]) else None
@@ -373,7 +374,7 @@ class KeyGroups:
         self.max_parallelism = max_parallelism
         self.fixed: Optional[_FixedKey] = None
         if exchange.record_type and not exchange.decoder:
-            self.fixed = _fixed_key(parse_type(exchange.record_type), exchange.key)
+            self.fixed = fixed_key(parse_type(exchange.record_type), exchange.key)
         self.exchange = exchange
         self.values = Values(exchange)
         self._key_of: Optional[Callable[[bytes, int], tuple[int, Any]]] = None  # built on first need
@@ -382,7 +383,7 @@ class KeyGroups:
         """The key group of each selected element (records only)."""
         if self.fixed or self.exchange.decoder:  # else the key function decodes every value
             self.values.check(records, selected)
-        hashes = self._fixed_hashes(records, selected, self.fixed) if self.fixed else None
+        hashes = fixed_key_hashes(records, selected, self.fixed) if self.fixed else None
         if hashes is None:
             key_of = self._key_of = self._key_of or self.exchange.key_function(printable=False)
             if key_of is None:
@@ -402,21 +403,106 @@ class KeyGroups:
             ).astype(_U32)
         return murmur_key_groups(hashes, self.max_parallelism)
 
-    @staticmethod
-    def _fixed_hashes(records: ChannelRecords, selected: np.ndarray, fixed: _FixedKey) -> Optional[np.ndarray]:
-        data = np.frombuffer(records.data, dtype=np.uint8)
-        values = records.value_starts()[selected]
-        ends = records.ends[selected]
-        for offset, byte in fixed.expected:
-            if ((values + offset >= ends) | (data[np.minimum(values + offset, len(data) - 1)] != byte)).any():
-                return None  # a null or a subclass somewhere: leave it to the per-record path
-        combined = None
-        for offset, name in fixed.fields:
+
+def fixed_key_hashes(records: ChannelRecords, selected: np.ndarray, fixed: _FixedKey) -> Optional[np.ndarray]:
+    """The Java hash codes (uint32) of the keys of the selected records (a mask or indices), read
+    a field at a time; None where a record's bytes do not say the key is where ``fixed`` has it
+    (a null or a subclass: the per-record path decides)."""
+    data = np.frombuffer(records.data, dtype=np.uint8)
+    values = records.value_starts()[selected]
+    ends = records.ends[selected]
+    for offset, byte in fixed.expected:
+        if ((values + offset >= ends) | (data[np.minimum(values + offset, len(data) - 1)] != byte)).any():
+            return None  # a null or a subclass somewhere: leave it to the per-record path
+    columns = []
+    for offset, name in fixed.fields:
+        width, dtype = _FIXED[name]
+        if (values + offset + width > ends).any():
+            raise RecordDecodeError(f"a record ends inside its {name} key")
+        columns.append(np.frombuffer(_framing.gather(records.data, values + offset, values + offset + width), dtype=dtype))
+    return field_hashes(columns, [name for _, name in fixed.fields])
+
+
+def field_hashes(columns: list[np.ndarray], names: list[str]) -> np.ndarray:
+    """The Java hash codes (uint32) of keys made of the scalar fields ``columns`` (of the scalar
+    types ``names``): a field's own hashCode, or TupleN's (31 * h + field) of several."""
+    combined = _field_hash(columns[0], names[0])
+    for column, name in zip(columns[1:], names[1:]):
+        with np.errstate(over="ignore"):
+            combined = combined * _U32(31) + _field_hash(column, name)
+    return combined
+
+
+# --- flat values, a column at a time -------------------------------------------------------------
+
+# the scalars whose bytes NumPy reads as they are (a char is a UTF-16 unit: decoded one by one)
+_FLAT_SCALARS = frozenset(_FIXED) - {"char"}
+
+
+@dataclass(frozen=True)
+class FlatColumns:
+    """Values of a flat type decoded a column at a time (``FlatValues.columns``): which of the
+    records asked for they are (``decoded``, a mask; the others take the per-record path), each
+    fixed-width field as a NumPy array (native byte order) and the trailing string, where the type
+    ends in one, as its UTF-8 bytes one after another with int64 offsets and a mask of nulls."""
+
+    decoded: np.ndarray
+    fields: list[np.ndarray]
+    text: Optional[bytes] = None
+    text_offsets: Optional[np.ndarray] = None
+    text_null: Optional[np.ndarray] = None
+
+
+class FlatValues:
+    """Values of a flat type (a scalar, a string, or a tuple or POJO of scalars possibly ending in
+    a string, ``Tuple2<Long,String>`` say) read with NumPy a column at a time rather than decoded
+    one by one: the records a ``_Layout`` vouches for, whose string (if any) is ASCII (a byte per
+    UTF-16 unit, which is UTF-8 as it is). ``of`` gives None for the other types."""
+
+    def __init__(self, leading: _Leading, layout: _Layout):
+        self.leading = leading
+        self.layout = layout
+
+    @classmethod
+    def of(cls, value_type: DataType) -> Optional[FlatValues]:
+        layout = _layout(value_type)
+        leading = _leading(value_type)
+        if layout is None or layout.tail == "sized" or any(name not in _FLAT_SCALARS for _, name in leading.places):
+            return None
+        return cls(leading, layout)
+
+    def columns(self, records: ChannelRecords, indices: np.ndarray) -> FlatColumns:
+        data = records.data
+        values = records.value_starts()[indices]
+        ends = records.ends[indices]
+        decoded = _fits(self.layout, data, values, ends)
+        text = text_offsets = text_null = None
+        if self.layout.tail == "string":
+            raw = np.frombuffer(data, dtype=np.uint8)
+            tail = values + self.layout.width
+            # the varint of the length + 1 (at most 5 bytes): its value and where the units begin
+            length = np.zeros(len(tail), dtype=np.int64)
+            begin = tail.copy()
+            going = decoded.copy()
+            for i in range(5):
+                byte = raw[np.minimum(tail + i, len(raw) - 1)].astype(np.int64)
+                length |= np.where(going, (byte & 0x7F) << (7 * i), 0)
+                begin += going
+                going &= byte >= 0x80
+            null = length == 0
+            # a byte per unit: every unit is below 0x80, ASCII (a record that fits ends its units at its end)
+            decoded &= null | (length - 1 == ends - begin)
+            chosen = np.flatnonzero(decoded)
+            first, last = begin[chosen], ends[chosen]
+            text = _framing.gather(data, np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(last, dtype=np.int64))
+            text_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+            np.cumsum(last - first, out=text_offsets[1:])
+            text_null = null[chosen]
+        chosen_values = values[decoded]
+        columns = []
+        for offset, name in self.leading.places:
             width, dtype = _FIXED[name]
-            if (values + offset + width > ends).any():
-                raise RecordDecodeError(f"a record ends inside its {name} key")
-            raw = _framing.gather(records.data, values + offset, values + offset + width)
-            field = _field_hash(np.frombuffer(raw, dtype=dtype), name)
-            with np.errstate(over="ignore"):  # several fields: TupleN.hashCode, 31 * h + field
-                combined = field if combined is None else combined * _U32(31) + field
-        return combined
+            at = np.ascontiguousarray(chosen_values + offset, dtype=np.int64)
+            column = np.frombuffer(_framing.gather(data, at, at + width), dtype=dtype)
+            columns.append(column != 0 if name == "boolean" else column.astype(column.dtype.newbyteorder("=")))
+        return FlatColumns(decoded, columns, text, text_offsets, text_null)

@@ -8,8 +8,10 @@ the key's hash, key group and the subtask owning that key group, so that DuckDB,
 SQL can answer "which keys are stuck in flight?". The operation (tasks on the engine, the one
 output file) is ckpt_tool.ops.records.
 
-Records are decoded one at a time from views of their channels' bytes (a record is never copied
-to be decoded), and the Parquet writers keep no statistics of the value and key
+Values of a flat type (``FlatValues``: a scalar, a string, a tuple or POJO of scalars that may
+end in a string) are read a column at a time straight into Arrow arrays; the other records are
+decoded one at a time from views of their channels' bytes (a record is never copied to be
+decoded), each once for its value and its key. The Parquet writers keep no statistics of the value and key
 columns: statistics copy each column's largest value, which for a record of hundreds of MiB
 cost several times its size in memory.
 """
@@ -23,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.records.batch import ChannelRecords, murmur_key_groups
+from ckpt_tool.framing import framing as _framing
+from ckpt_tool.records.batch import ChannelRecords, FlatColumns, FlatValues, field_hashes, murmur_key_groups
 from ckpt_tool.records.elements import RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import operator_index_for_key_group
-from ckpt_tool.records.schema import Exchange
+from ckpt_tool.records.schema import Exchange, FieldKey
 from ckpt_tool.records.types import BinaryArray, BinaryMap, BinaryRow, DataType, Row, SqlTimestamp, decode_value, parse_type
 from ckpt_tool.records.types.serializers import EnumValue
 
@@ -192,9 +195,10 @@ class Decoding:
     """How an exchange's records are decoded (its key function, value decoder and value type)
     and where their values go (``value_field``: "" for the value column itself, a field of it, or
     None for raw bytes), made once per exchange and engine task, not once per channel (a job at
-    parallelism p has p²)."""
+    parallelism p has p²). ``flat``: where the values are of a flat type, how to read them a
+    column at a time; ``key_fields``: where the key is fields of such values, which ones."""
 
-    __slots__ = ("avro", "decode", "key_of", "value_field", "value_type")
+    __slots__ = ("avro", "decode", "flat", "key_fields", "key_of", "value_field", "value_type")
 
     def __init__(self, exchange: Exchange, value_field: Optional[str]) -> None:
         self.value_field = value_field
@@ -202,6 +206,35 @@ class Decoding:
         self.decode = _decoder(exchange) if value_field is not None else None
         self.value_type = _value_type(exchange)
         self.avro = self.value_type is not None and self.value_type.name == "avro"
+        flat_typed = self.decode is not None and self.value_type is not None and not self.avro
+        self.flat = FlatValues.of(self.value_type) if flat_typed else None  # type: ignore[arg-type]
+        self.key_fields: Optional[list[tuple[int, str]]] = None
+        if self.flat is not None and self.key_of is not None and not exchange.decoder:
+            self.key_fields = _flat_key_fields(self.value_type, exchange.key, len(self.flat.leading.places))  # type: ignore[arg-type]
+
+
+def _flat_key_fields(value_type: DataType, key: tuple, leading: int) -> Optional[list[tuple[int, str]]]:
+    """The key's fields (index among the value's leading fixed-width fields, type), where it is
+    made of them only."""
+    if value_type.name not in ("tuple", "pojo"):
+        return [(0, value_type.name)] if leading and list(key) in (["value"], ["*"]) else None
+    indices = [value_type.field_index(k) for k in key]
+    if not indices or max(indices) >= leading:
+        return None
+    return [(i, value_type.fields[i].name) for i in indices]
+
+
+_INTEGERS = frozenset(("long", "int", "short", "byte"))
+
+
+def _printable(key: Any) -> str:
+    """The key as ``ckpt records`` prints it (JSON), with the common scalars without json.dumps."""
+    kind = type(key)
+    if kind is int:
+        return int.__repr__(key)
+    if kind is str:
+        return json.encoder.encode_basestring(key)  # json.dumps(key, ensure_ascii=False)
+    return json.dumps(key, default=str, ensure_ascii=False)
 
 
 def record_columns(
@@ -219,57 +252,141 @@ def record_columns(
     ``where``: the columns equal for every row (exchange, operators, gate) as values, and those of
     each row's channel (subtasks, input channel) as arrays, one value per row; an error names the
     exchange, the channel and the element. The columns hold no reference to the channels' bytes, which
-    the caller may drop before ``table``."""
-    starts = (records.starts + 4)[indices].tolist()
-    value_starts = records.value_starts()[indices]
-    ends = records.ends[indices]
+    the caller may drop before ``table``.
+
+    Values of a flat type (``FlatValues``: ``Tuple2<Long,String>`` say) are read a column at a
+    time, and their keys, where made of their fixed-width fields, hashed so; the other records
+    are decoded one by one, each once."""
     count = len(indices)
     key_of, decode, value_type, avro = decoding.key_of, decoding.decode, decoding.value_type, decoding.avro
+    # the key of a value decoded already (the decoder and the key read the same type)
+    of_value = key_of.of_value if isinstance(key_of, FieldKey) and not avro else None
     value_field = decoding.value_field
-    hashes, printable, values, raw, timestamps = [], [], [], [], []
     data = records.data
-    view = memoryview(data)
+    element_starts, ends = records.element_bounds(indices)
+    value_starts = records.value_starts()[indices]
+    flat = decoding.flat.columns(records, indices) if decoding.flat is not None else None
+    if flat is not None and flat.text_offsets is not None and flat.text_offsets[-1] >= 1 << 31:
+        flat = None  # more string bytes than an Arrow string array holds: one by one (a row group of huge records)
+    by_record = np.flatnonzero(~flat.decoded) if flat is not None else np.arange(count)
+    keys_by_record = key_of is not None and (flat is None or decoding.key_fields is None)
+    hashes = np.zeros(count, dtype=np.int64)
+    printable: list[Any] = [None] * count
+    values: list[Any] = []
+    raw: list[bytes] = []
+    # per record: the keys (where not read as columns), the values (where not flat) or their raw bytes
+    looped = np.arange(count) if keys_by_record or decode is None else by_record
+    decoded_here = by_record if decode is not None else looped[:0]
+    decoding_mask = np.zeros(count, dtype=bool)
+    decoding_mask[decoded_here] = True
     number = 0
+    view = memoryview(data)
     try:
         # ``number``: the element an error stopped at, which the except clause names
-        for number, (start, value_start, end) in enumerate(zip(starts, value_starts.tolist(), ends.tolist())):  # noqa: B007
-            timestamps.append(
-                int.from_bytes(data[start + 1 : start + 9], "big", signed=True) if data[start] == RECORD_WITH_TIMESTAMP else None
-            )
+        for number, start, value_start, end, decodes in zip(
+            looped.tolist(),
+            element_starts[looped].tolist(),
+            value_starts[looped].tolist(),
+            ends[looped].tolist(),
+            decoding_mask[looped].tolist(),
+        ):
             element = view[start:end]  # the record's bytes where they are, not a copy
-            if key_of is not None:
-                key_hash, key = key_of(element, value_start - start)  # type: ignore[arg-type]  # any bytes-like
-                hashes.append(key_hash)
-                printable.append(json.dumps(key, default=str, ensure_ascii=False))
-            if decode is not None:
-                decoded = decode(element, value_start - start)
+            decoded = None
+            if decodes:
+                decoded = decode(element, value_start - start)  # type: ignore[misc]
                 values.append(decoded if avro else arrow_value(value_type, decoded))  # type: ignore[arg-type]
-                del decoded
-            else:
+            elif decode is None:
                 raw.append(data[value_start:end])
-            del element
+            if key_of is not None:  # every record's here, or only those of a flat type that are not flat
+                if decodes and of_value is not None:
+                    key_hash, key = of_value(decoded)
+                else:
+                    key_hash, key = key_of(element, value_start - start)  # type: ignore[arg-type]  # any bytes-like
+                hashes[number] = key_hash
+                printable[number] = _printable(key)
+            del element, decoded
     except CkptError as exc:
         channel = f"channel {int(where['upstream_subtask'][number])} -> {int(where['downstream_subtask'][number])}"
         raise type(exc)(f"{where['exchange']}, {channel}: stream element {int(element_index[number])}: {exc}") from exc
     finally:
         view.release()
-    codes = np.asarray(hashes, dtype=np.int64)
-    groups = murmur_key_groups(codes.astype(np.uint32), max_parallelism)
+    if key_of is not None and not keys_by_record:
+        _flat_keys(flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
+    codes = hashes.astype(np.uint32)
+    groups = murmur_key_groups(codes, max_parallelism)
     owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
     columns: dict[str, Any] = {name: value if isinstance(value, np.ndarray) else [value] * count for name, value in where.items()}
     columns["element_index"] = element_index
-    columns["timestamp"] = timestamps
+    columns["timestamp"] = _timestamps(records, indices, element_starts)
     columns["value_size"] = ends - value_starts
     if key_of is not None:
         columns["key"] = printable
-        columns["key_hash"] = codes.astype(np.uint32).view(np.int32)  # Java's int, as the key's hashCode
+        columns["key_hash"] = codes.view(np.int32)  # Java's int, as the key's hashCode
         columns["key_group"] = groups
         columns["owning_subtask"] = owners
     if value_field is None:
         columns["raw_value"] = raw
     else:
-        columns["value"] = values if value_field == "" else [{value_field: v} for v in values]
+        value_arrow = arrow_type(value_type)  # type: ignore[arg-type]
+        one_by_one = pa.array(values, type=value_arrow)
+        del values
+        array = one_by_one if flat is None else _merged(_flat_array(value_type, value_arrow, flat), one_by_one, flat.decoded)  # type: ignore[arg-type]
+        columns["value"] = array if value_field == "" else pa.StructArray.from_arrays([array], names=[value_field])
     return columns
+
+
+def _timestamps(records: ChannelRecords, indices: np.ndarray, element_starts: np.ndarray) -> pa.Array:
+    """Each record's timestamp (null where it has none), read a column at a time."""
+    stamped = records.tags[indices] == RECORD_WITH_TIMESTAMP
+    at = np.ascontiguousarray(element_starts[stamped] + 1, dtype=np.int64)
+    stamps = np.zeros(len(indices), dtype=np.int64)
+    stamps[stamped] = np.frombuffer(_framing.gather(records.data, at, at + 8), dtype=">i8")
+    return pa.array(stamps, mask=~stamped)
+
+
+def _flat_keys(flat: FlatColumns, key_fields: list[tuple[int, str]], hashes: np.ndarray, printable: list[Any]) -> None:
+    """The keys of the records of a flat type, from their fixed-width fields: Java hashes into
+    ``hashes``, printed keys into ``printable`` (those decoded one by one have theirs already)."""
+    where = np.flatnonzero(flat.decoded)
+    fields = [flat.fields[i] for i, _ in key_fields]
+    hashes[where] = field_hashes(fields, [name for _, name in key_fields])
+    if len(fields) == 1:
+        show = int.__repr__ if key_fields[0][1] in _INTEGERS else _printable
+        shown = list(map(show, fields[0].tolist()))
+    else:
+        shown = [_printable(list(key)) for key in zip(*(f.tolist() for f in fields))]
+    for at, text in zip(where.tolist(), shown):
+        printable[at] = text
+
+
+def _flat_array(value_type: DataType, value_arrow: pa.DataType, flat: FlatColumns) -> pa.Array:
+    """The values ``FlatValues`` read, as an Arrow array of the value's type."""
+    children = [pa.array(column) for column in flat.fields]
+    if flat.text is not None:
+        offsets, null = flat.text_offsets, flat.text_null
+        validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if null.any() else None  # type: ignore[union-attr,operator]
+        children.append(
+            pa.StringArray.from_buffers(
+                len(offsets) - 1,  # type: ignore[arg-type]
+                pa.py_buffer(offsets.astype(np.int32)),  # type: ignore[union-attr]
+                pa.py_buffer(flat.text),
+                validity,
+                int(null.sum()),  # type: ignore[union-attr]
+            )
+        )
+    if value_type.name not in ("tuple", "pojo"):
+        return children[0]
+    return pa.StructArray.from_arrays(children, fields=list(value_arrow))
+
+
+def _merged(columnar: pa.Array, one_by_one: pa.Array, decoded: np.ndarray) -> pa.Array:
+    """The rows of ``columnar`` (where ``decoded``) and ``one_by_one`` (the others), in order."""
+    if not len(one_by_one):
+        return columnar
+    if not len(columnar):
+        return one_by_one
+    position = np.concatenate([np.flatnonzero(decoded), np.flatnonzero(~decoded)])
+    return pa.concat_arrays([columnar, one_by_one]).take(pa.array(np.argsort(position, kind="stable")))
 
 
 def joined_columns(many: list[dict[str, Any]]) -> dict[str, Any]:
@@ -281,9 +398,21 @@ def joined_columns(many: list[dict[str, Any]]) -> dict[str, Any]:
     for name, first in many[0].items():
         if isinstance(first, np.ndarray):
             result[name] = np.concatenate([columns[name] for columns in many])
+        elif isinstance(first, pa.Array):
+            result[name] = pa.concat_arrays([columns[name] for columns in many])
         else:
             result[name] = [value for columns in many for value in columns[name]]
     return result
+
+
+def _widened(array: pa.Array, wanted: pa.DataType) -> pa.Array:
+    """``array`` as the file's type: a ``value`` struct of one exchange's field gets the other
+    exchanges' fields too, null."""
+    if array.type == wanted:
+        return array
+    present = {array.type.field(i).name: array.field(i) for i in range(array.type.num_fields)}
+    children = [present[f.name] if f.name in present else pa.nulls(len(array), f.type) for f in wanted]
+    return pa.StructArray.from_arrays(children, fields=list(wanted))
 
 
 def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
@@ -293,6 +422,11 @@ def table(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
     arrays = []
     for field in schema:
         values = columns.pop(field.name, None)
-        arrays.append(pa.nulls(count, field.type) if values is None else pa.array(values, type=field.type))
+        if values is None:
+            arrays.append(pa.nulls(count, field.type))
+        elif isinstance(values, pa.Array):
+            arrays.append(_widened(values, field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
         del values
     return pa.Table.from_arrays(arrays, schema=schema)

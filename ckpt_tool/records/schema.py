@@ -45,7 +45,7 @@ from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
 from ckpt_tool.input_files import NON_NEGATIVE, STRING, Expected, InputFileError, checked, checked_key
 from ckpt_tool.records.keys import binary_row_hash, java_hash, unhashable_key_part
-from ckpt_tool.records.types import DataType, parse_type, to_json
+from ckpt_tool.records.types import DataType, decode_value, parse_type, to_json
 
 PARTITIONERS = ("HASH", "FORWARD", "REBALANCE", "RESCALE", "SHUFFLE", "GLOBAL", "BROADCAST", "CUSTOM")
 
@@ -156,19 +156,28 @@ def _plugin(reference: str) -> Callable[[bytes, int], tuple[int, Any]]:
     return extract
 
 
-def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool = True) -> Callable[[bytes, int], tuple[int, Any]]:
-    from ckpt_tool.records.types import decode_value
+class FieldKey:
+    """The key of values of a record type: called with (element bytes, value offset), (Java hash
+    of the key, printable key) of the value there; ``of_value`` the same of a value decoded
+    already (``ckpt records`` decodes each value once for both)."""
 
+    __slots__ = ("of_value", "value_type")
+
+    def __init__(self, value_type: DataType, of_value: Callable[[Any], tuple[int, Any]]) -> None:
+        self.value_type = value_type
+        self.of_value = of_value
+
+    def __call__(self, raw: bytes, offset: int) -> tuple[int, Any]:
+        value, _ = decode_value(self.value_type, raw, offset)
+        return self.of_value(value)
+
+
+def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool = True) -> FieldKey:
     if value_type.name not in ("tuple", "row", "pojo", "binary_row"):
         if list(key) not in (["value"], ["*"]):
             raise SchemaError(f'records of type {value_type} have no fields; use key = ["value"]')
         _check_hashable(value_type)
-
-        def whole(raw: bytes, offset: int) -> tuple[int, Any]:
-            value, _ = decode_value(value_type, raw, offset)
-            return java_hash(value_type, value), to_json(value_type, value)
-
-        return whole
+        return FieldKey(value_type, lambda value: (java_hash(value_type, value), to_json(value_type, value)))
     indices = [value_type.field_index(k) for k in key]
     types = tuple(value_type.fields[i] for i in indices)
     if value_type.name != "binary_row":
@@ -181,8 +190,7 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool =
             return [value.fields[i] for i in indices]
         return [value[i] for i in indices]
 
-    def extract(raw: bytes, offset: int) -> tuple[int, Any]:
-        value, _ = decode_value(value_type, raw, offset)
+    def of_value(value: Any) -> tuple[int, Any]:
         if value_type.name == "binary_row":  # SQL key selectors project into a new BinaryRowData
             key_row = value.project(indices)
             shown = [to_json(t, f) for t, f in zip(types, key_row.values())] if printable else None
@@ -193,7 +201,7 @@ def _key_extractor(value_type: DataType, key: tuple[Any, ...], printable: bool =
         tuple_type = DataType("tuple", types)
         return java_hash(tuple_type, tuple(fields)), to_json(tuple_type, tuple(fields))
 
-    return extract
+    return FieldKey(value_type, of_value)
 
 
 def _check_hashable(key_type: DataType) -> None:

@@ -78,9 +78,10 @@ class LocalFileIO(FileIO):
     def _located(self, uri: str) -> tuple[str, Optional[tuple[str, ...]]]:
         """The path of ``uri``, and where it is named below the root (or is it), its components
         from there (None where it is not). Kept for an absolute path (a rescale at p=4,096 opens
-        each of 4,096 files in each task); a relative one depends on the working directory."""
+        each of 4,096 files in each task); a relative one is made absolute first (the working
+        directory asked once, not twice per file)."""
         path = uri if uri.startswith("/") else normalize_uri(uri)
-        return _located_absolute(self.root, path) if path.startswith("/") else _locate(self.root, path)
+        return _located_absolute(self.root, path if path.startswith("/") else os.path.join(os.getcwd(), path))
 
     def read(self, uri: str) -> bytes:
         fd = self._open(uri)
