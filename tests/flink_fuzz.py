@@ -55,9 +55,10 @@ operator's id, on which both restores fail, and a handle's subtask index) or
 while restores hung on a coordinator's state), nor in ``flink23-sqltypes-p2`` (seed 89: 16 OK, 20
 refused) or ``flink120-sideout-p2`` (seed 90: 20 OK, 56 refused; three DIFF, each a handle's subtask
 index, and two where an operator's id was altered, on which both restores fail alike, Flink's
-"Cannot map checkpoint/savepoint state for operator": the chained operator's id above). In each DIFF of a subtask index Flink's own rescale
-fails ("Cannot select SubtaskConnectionDescriptor") and ckpt's output restores exactly; ``verify``
-names the handle ("handle names subtask ..."). Left: opaque
+"Cannot map checkpoint/savepoint state for operator": the chained operator's id above; where the
+metadata stores uids, Flink 2.x, such an id is now refused, the ``operator-ids`` check). In each
+DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
+and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
 its job never ends).
 """

@@ -504,3 +504,85 @@ def test_flink_fails_on_or_loses_the_operator_state_ckpt_refuses(tmp_path):
         else:
             with pytest.raises(RuntimeError, match="position out of bounds"):
                 restore()
+
+
+# --- an operator's state under another id than its uid's ----------------------------------------
+
+OTHER_ID = "0123456789abcdef0123456789abcdef"
+
+
+def move_operator(metadata, uid: str = "source-main") -> str:
+    """The state of the operator with ``uid`` moved under another id, its uid kept."""
+    op = next(o for o in metadata.operators if o.uid == uid)
+    expected = op.id_hex
+    op.operator_id = bytes.fromhex(OTHER_ID)
+    return (
+        f"its state is under operator id {OTHER_ID}, but Flink gives the operator with uid '{uid}' the id"
+        f" {expected} (the uid's hash) and maps state by id (Flink: Cannot map checkpoint/savepoint state for"
+        f" operator {OTHER_ID} to the new program)"
+    )
+
+
+def test_every_operator_with_a_uid_is_under_its_uids_id():
+    """Flink writes each operator's state under the id its uid hashes to: no fixture's operator is
+    flagged, and every Flink 2.x fixture stores uids."""
+    from ckpt_tool.flink.uids import uid_problems
+
+    with_uids = 0
+    for fixture in ALL_FIXTURES + CLAIMED:
+        metadata = Checkpoint.open(str(fixture.checkpoint)).metadata
+        assert list(uid_problems(metadata)) == [], fixture.name
+        with_uids += any(op.uid for op in metadata.operators)
+    assert with_uids >= 10
+
+
+def test_an_operator_under_another_id_than_its_uids_is_named_and_refused(ckpt, tmp_path):
+    """``verify`` names the operator (exit 1), ``rescale`` and ``repair`` refuse it (exit 2): the
+    fuzzer's altered id of a chained operator, which ckpt had rescaled with exit 0."""
+    fixture = fixture_named("flink23-hashmap-p2")
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    expected = move_operator(metadata)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    report = json.loads(out)
+    problems = [p for p in report["problems"] if p["check"] == "operator-ids"]
+    assert code == 1 and [(p["operator"], p["message"]) for p in problems] == [("source-main", expected)], problems
+    rescale_and_repair_refuse(ckpt, tmp_path, checkpoint, fixture, expected, "Flink would not restore it: refused")
+
+
+def test_an_operator_without_state_under_another_id_is_not_named():
+    """Flink skips the empty state of an id no operator of the job has: ``timestamps-main`` holds
+    no state, and its id altered is no problem."""
+    from ckpt_tool.flink.uids import uid_problems
+
+    metadata = copy.deepcopy(Checkpoint.open(str(fixture_named("flink23-hashmap-p2").checkpoint)).metadata)
+    move_operator(metadata, "timestamps-main")
+    assert list(uid_problems(metadata)) == []
+    move_operator(metadata, "source-main")
+    assert [label for label, _ in uid_problems(metadata)] == ["source-main"]
+
+
+@pytest.mark.flink
+def test_flink_fails_on_an_operator_under_another_id_than_its_uids(tmp_path):
+    """Real Flink 2.3 refuses the checkpoint ckpt refuses (it maps state by id, and no operator of
+    the job has the id source-main's state is under), and restores the one where a stateless
+    operator's id was altered, with the exact count."""
+    fixture = fixture_named("flink23-hashmap-p2")
+    source = Checkpoint.open(str(fixture.checkpoint))
+    info = fixture.info
+    for uid in ("source-main", "timestamps-main"):
+        metadata = copy.deepcopy(source.metadata)
+        move_operator(metadata, uid)
+        checkpoint = tmp_path / uid / "job" / fixture.checkpoint.name
+        write_checkpoint(source, metadata, str(checkpoint), {})
+        restore = functools.partial(
+            flink_env.restore_count, info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300
+        )
+        if uid == "source-main":
+            with pytest.raises(RuntimeError, match=f"Cannot map checkpoint/savepoint state for operator {OTHER_ID}"):
+                restore()
+        else:
+            assert restore() == info["source_records"]

@@ -33,3 +33,12 @@ def test_uids_find_operators_in_metadata_without_uids():
     assert metadata.version == 3 and all(op.uid is None for op in metadata.operators)
     assert metadata.operator("slow-count").id_hex == "0a6c3d247193df04622ad9b3b66741a5"
     assert metadata.operator("map-main").id_hex == "5ff73b99d0669153bf2feac805d152ac"
+
+
+def test_a_uid_is_hashed_as_javas_utf8_bytes():
+    """Guava hashes ``uid.getBytes(UTF_8)``: a surrogate pair is one character (four bytes), a
+    lone surrogate (which Python strings can hold, and the metadata's modified UTF-8 can encode)
+    the replacement ``?``. The ids are those Flink 2.3's own (shaded) Guava gives,
+    ``Hashing.murmur3_128(0).newHasher().putString(uid, UTF_8).hash()``, run on 2026-11-29."""
+    assert operator_id_of_uid("\ud83d\ude00") == operator_id_of_uid("😀") == "5c54e08755b16d15ba04e1cf3f082e29"
+    assert operator_id_of_uid("a\ud800b") == operator_id_of_uid("a?b") == "4adb1b0489e6f965793498cfb8922153"

@@ -54,5 +54,7 @@ def murmur3_128(data: bytes, seed: int = 0) -> bytes:
 
 
 def operator_id_of_uid(uid: str) -> str:
-    """The 32-hex-digit OperatorID Flink gives an operator with this uid."""
-    return murmur3_128(uid.encode("utf-8")).hex()
+    """The 32-hex-digit OperatorID Flink gives an operator with this uid. Its bytes are Java's
+    ``String.getBytes(UTF_8)``: a surrogate pair is one character, a lone surrogate ``?``."""
+    java = uid.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    return murmur3_128(java.encode("utf-8", "replace")).hex()

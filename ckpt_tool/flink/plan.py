@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ckpt_tool.flink.model import UPPER_BOUND_MAX_PARALLELISM, CheckpointMetadata, GateFigures, OperatorState, handle_gates
+from ckpt_tool.flink.uids import refuse_mismatched_uids
 from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key
 
 POINTWISE_PARTITIONERS = ("FORWARD", "RESCALE")
@@ -127,6 +128,8 @@ def _check_matches(path: str, vertices: dict[str, PlanVertex], metadata: Checkpo
     """Every vertex of the plan is an operator of the checkpoint, and every input names a vertex."""
     known = {op.id_hex for op in metadata.operators}
     unknown = [v for v in vertices.values() if v.id not in known]
+    if unknown:
+        refuse_mismatched_uids(metadata)  # a vertex missing because its state is under another id than its uid's
     if unknown and len(unknown) == len(vertices):
         raise PlanError(f"plan {path} is not the plan of this checkpoint's job: none of its vertices is in the checkpoint")
     if unknown:

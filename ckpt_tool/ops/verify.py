@@ -38,6 +38,7 @@ from ckpt_tool.flink.model import (
 )
 from ckpt_tool.flink.operator_state import operator_state_problems
 from ckpt_tool.flink.plan import JobPlan, PlanVertex
+from ckpt_tool.flink.uids import uid_problems
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
 from ckpt_tool.topology import check_new_topology
@@ -369,6 +370,15 @@ def check_operator_states(cp: Checkpoint, files_ok: bool) -> CheckResult:
     return result
 
 
+def check_operator_ids(cp: Checkpoint) -> CheckResult:
+    """Each operator's state is under the id its uid hashes to, where the metadata stores uids
+    (``uid_problems``)."""
+    result = CheckResult("operator-ids", "each operator's state is under the id Flink gives its uid (a restore maps state by id)")
+    for operator, message in uid_problems(cp.metadata):
+        result.problems.append(Problem("operator-ids", message, operator))
+    return result
+
+
 def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
         "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
@@ -487,6 +497,7 @@ def verify(
         check_changelog(cp, not files.problems),
         check_key_groups(cp, not files.problems),
         check_operator_states(cp, not files.problems),
+        check_operator_ids(cp),
         *check_parallelism_and_finished(cp, session.plan),
     ]
     usable = not any(c.problems for c in checks if c.unusable)

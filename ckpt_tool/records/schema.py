@@ -43,6 +43,7 @@ from typing import Any, Optional
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.model import OUTPUT, CheckpointMetadata
 from ckpt_tool.flink.plan import JobPlan
+from ckpt_tool.flink.uids import refuse_mismatched_uids
 from ckpt_tool.input_files import NON_NEGATIVE, STRING, Expected, InputFileError, checked, checked_key
 from ckpt_tool.records.keys import binary_row_hash, java_hash, unhashable_key_part
 from ckpt_tool.records.types import DataType, decode_value, parse_type, to_json
@@ -221,6 +222,7 @@ def _resolve(metadata: CheckpointMetadata, ref: Any, what: str) -> str:
     try:
         return metadata.operator(str(ref)).id_hex
     except KeyError:
+        refuse_mismatched_uids(metadata)  # not there because its state is under another id than its uid's
         raise SchemaError(f"{what} operator {ref!r} is not in the checkpoint (use its uid, name or id)") from None
 
 
