@@ -18,13 +18,13 @@ from typing import Optional
 import numpy as np
 
 from ckpt_tool.engine import Engine, Progress
-from ckpt_tool.engine.tasks import ChannelTable, Junction, channel_tasks, junction, scan_batch, scan_channel
+from ckpt_tool.engine.tasks import ChannelTable, HeldDigests, Junction, channel_tasks, digest_batch, junction, scan_batch
 from ckpt_tool.errors import CkptError
 from ckpt_tool.flink.checkpoint import Checkpoint
 from ckpt_tool.flink.model import OUTPUT
 from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.keys import key_group_range
-from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, digest_holders, suspects_of_holdings
+from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, digest_holders, holding_keys, suspects_of_holdings
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.skeleton import CONTRADICTED, FIT
 
@@ -189,31 +189,29 @@ def _scan_with_digests(engine: Engine, tasks: ChannelTable, exchanges: list[Exch
     suspects = suspects_of_holdings(scans)
     if not suspects:  # no key group held where it does not belong: nothing held twice (p² rows spared)
         return scans, Counter()
+    suspect_keys = np.unique(
+        np.concatenate([holding_keys(e, u, np.array(sorted(groups), dtype=np.int64)) for (e, u), groups in suspects.items()])
+    )
     wide = int(tasks.upstream.max(initial=0)) + 1  # (exchange, upstream) as one number
     wanted = np.array([e * wide + u for e, u in suspects if u < wide], dtype=np.int64)
     again = tasks.take(np.isin(tasks.exchange_index.astype(np.int64) * wide + tasks.upstream, wanted))
-    found = [
-        (s.exchange_index, s.upstream_subtask, s.downstream_subtask, s.digests)
-        for s in engine.map(
-            lambda t: scan_channel(t, exchanges[t.exchange_index], suspects[(t.exchange_index, t.upstream_subtask)]),
-            again,
-            sizes=again.size,
-        )
-        if s.digests
-    ]
-    return scans, _copies_held(found)
+    # the channels of the upstream subtasks that hold suspects, in byte-sized batches (not a task
+    # per channel: an inflated checkpoint's are all of them, p² at p=128 already 16,384)
+    held = HeldDigests.concatenate(
+        engine.map_batches(lambda batch: digest_batch(batch, exchanges, suspect_keys), again, sizes=again.size)
+    )
+    return scans, _copies_held(held)
 
 
-def _copies_held(found: list[tuple[int, int, int, bytes]]) -> Counter:
-    """Per exchange, the copies among the records of (exchange, upstream subtask, downstream
-    subtask, their xxh3-128 digests): a record whose digest several downstream subtasks of one
-    upstream subtask hold is held ``holders - 1`` times too often. Grouped at once with NumPy (an
-    inflated checkpoint holds millions of copies)."""
-    if not found:
+def _copies_held(held: HeldDigests) -> Counter:
+    """Per exchange, the copies among the records that may be held twice (``digest_batch``): a
+    record whose digest several downstream subtasks of one upstream subtask hold is held
+    ``holders - 1`` times too often. Grouped at once with NumPy (an inflated checkpoint holds
+    millions of copies)."""
+    if not len(held.exchange_index):
         return Counter()
-    counts = np.array([len(digests) // DIGEST_BYTES for *_, digests in found], dtype=np.int64)
-    exchange, upstream, downstream = (np.repeat(np.array(column, dtype=np.int64), counts) for column in list(zip(*found))[:3])
-    digest = np.frombuffer(b"".join([digests for *_, digests in found]), dtype=np.uint64).reshape(-1, 2)
+    exchange, upstream, downstream = held.exchange_index, held.upstream, held.downstream
+    digest = np.frombuffer(held.digests, dtype=np.uint64).reshape(-1, 2)
     order, first, _, holders = digest_holders(digest, downstream, exchange, upstream)
     copies = np.bincount(exchange[order][first], weights=holders - 1).astype(np.int64)
     return Counter({index: int(n) for index, n in enumerate(copies.tolist()) if n})

@@ -76,7 +76,7 @@ def test_verify_names_what_it_skipped_and_strict_fails_it(ckpt):
     code, out, _ = ckpt("verify", str(BASE.checkpoint), "--json")
     report = json.loads(out)
     assert code == 0 and report["status"] == "sound"
-    assert "4 of 13 checks skipped" in report["summary"] and "needs --plan or --schema" in report["summary"]
+    assert "4 of 14 checks skipped" in report["summary"] and "needs --plan or --schema" in report["summary"]
     target = next(c for c in report["checks"] if c["name"] == "target-parallelism")
     assert target["skipped"] == "needs --target-parallelism N" and "None" not in target["description"]
     code, out, _ = ckpt("verify", str(BASE.checkpoint), "--json", "--strict")

@@ -50,8 +50,9 @@ def test_one_process_per_core_gives_the_same_figures(fixture):
 def test_blocks_read_together_and_scanned_apart_give_the_same_figures(fixture, monkeypatch):
     """A scan reads rows READ_TOGETHER_BYTES at a time (each file once for them) and scans them
     TOGETHER_BYTES at a time: with both small, so that a read holds many scanned blocks and a
-    block many reads, the figures are those of the default sizes; and where a read fails, each
-    of its blocks is scanned channel by channel, with the same figures."""
+    block many reads, the figures are those of the default sizes (the copies of records held
+    twice too, which the digests of a second pass count); with every channel taken as large, and
+    where a read fails (each of its blocks scanned and digested channel by channel), the same."""
     from ckpt_tool.engine import tasks
 
     expected = scan(fixture, LocalEngine())
@@ -61,6 +62,9 @@ def test_blocks_read_together_and_scanned_apart_give_the_same_figures(fixture, m
         assert scan(fixture, LocalEngine()) == expected, (read_bytes, block_bytes)
     monkeypatch.setattr(tasks, "READ_TOGETHER_BYTES", 1 << 20)
     monkeypatch.setattr(tasks, "TOGETHER_BYTES", 4096)
+    monkeypatch.setattr(tasks, "LARGE_CHANNEL_BYTES", 0)  # every channel alone, scanned and digested in pieces
+    assert scan(fixture, LocalEngine()) == expected
+    monkeypatch.setattr(tasks, "LARGE_CHANNEL_BYTES", 64 << 20)
 
     def unreadable(*_):
         raise tasks.CkptError("not read together")
@@ -124,6 +128,9 @@ def test_copies_held_count_what_the_holders_of_each_digest_say():
     import random
     from collections import Counter
 
+    import numpy as np
+
+    from ckpt_tool.engine.tasks import HeldDigests
     from ckpt_tool.exchanges import _copies_held
 
     rng = random.Random(5)
@@ -141,4 +148,44 @@ def test_copies_held_count_what_the_holders_of_each_digest_say():
         for (exchange, _, _), held in holders.items():
             if len(held) > 1:
                 wanted[exchange] += len(held) - 1
-        assert _copies_held([f for f in found if f[3]]) == wanted
+        counts = [len(digests) // 16 for *_, digests in found]
+        columns = [np.repeat(np.array([f[i] for f in found], dtype=np.int64), counts) for i in range(3)]
+        held = HeldDigests(*columns, b"".join(f[3] for f in found))  # as digest_batch gives them
+        assert _copies_held(held) == wanted
+
+
+def test_digest_holders_group_records_by_all_their_keys_even_where_their_mixes_collide():
+    """``digest_holders`` sorts by one 64-bit mix of each record's keys: records of different keys
+    whose mixes are equal (crafted here: digests are not collision-proof against crafted input),
+    and holders out of order in a group, take the sort by all the keys; every group is then what
+    grouping by all the keys says, its records by holder, its first the lowest holder."""
+    import numpy as np
+
+    from ckpt_tool.records.scan import digest_holders
+
+    rng = np.random.default_rng(7)
+    mix = np.uint64(0x9E3779B97F4A7C15)
+    for case in range(60):
+        n = int(rng.integers(1, 40))
+        pool = rng.integers(0, 2**63, size=(5, 2), dtype=np.int64).astype(np.uint64)
+        if case % 3 == 0:  # a second digest whose mix equals the first's, with another second half
+            with np.errstate(over="ignore"):
+                pool[1, 1] = pool[0, 1] + np.uint64(1)
+                pool[1, 0] = pool[0, 0] ^ (pool[0, 1] * mix) ^ (pool[1, 1] * mix)
+        digest = pool[rng.integers(0, 5, n)]
+        holder = np.sort(rng.integers(0, 4, n)) if case % 2 else rng.integers(0, 4, n)
+        outer = rng.integers(0, 2, n)
+        order, first, group, holders = digest_holders(digest, holder, outer)
+        want: dict[tuple, set] = {}
+        for i in range(n):
+            want.setdefault((int(outer[i]), int(digest[i, 0]), int(digest[i, 1])), set()).add(int(holder[i]))
+        got: dict[tuple, list] = {}
+        for position, i in enumerate(order.tolist()):
+            key = (int(outer[i]), int(digest[i, 0]), int(digest[i, 1]))
+            got.setdefault(key, []).append((int(group[position]), int(holder[i]), bool(first[position])))
+        assert set(got) == set(want) and len(holders) == len(want)
+        for key, rows in got.items():
+            assert len({g for g, _, _ in rows}) == 1  # one group, contiguous below
+            assert [h for _, h, _ in rows] == sorted(h for _, h, _ in rows) and rows[0][2] and not any(f for *_, f in rows[1:])
+            assert holders[rows[0][0]] == len(want[key])
+        assert (np.diff(group) >= 0).all()

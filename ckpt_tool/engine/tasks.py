@@ -64,7 +64,7 @@ from ckpt_tool.records.route import (
     route_together,
     route_upstream,
 )
-from ckpt_tool.records.scan import FIGURES, ChannelScan, ScanColumns, holding_keys, scan_records
+from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, holding_keys, scan_records
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.storage import io_for, is_local, join
 
@@ -214,6 +214,70 @@ def scan_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange
                     scanned = ScanColumns.of_scans([scan_channel(t, exchange, reader=reader) for t in channels])
                 parts.append(scanned)
     return ScanColumns.concatenate(parts)
+
+
+@dataclass
+class HeldDigests:
+    """Records that may be held twice (``digest_batch``): each one's exchange, upstream and
+    downstream subtask, and its xxh3-128 digest (``DIGEST_BYTES`` each, in that order)."""
+
+    exchange_index: np.ndarray
+    upstream: np.ndarray
+    downstream: np.ndarray
+    digests: bytes
+
+    @staticmethod
+    def concatenate(parts: Sequence[HeldDigests]) -> HeldDigests:
+        def column(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, np.int64)
+
+        return HeldDigests(column("exchange_index"), column("upstream"), column("downstream"), b"".join(p.digests for p in parts))
+
+
+def digest_batch(tasks: list[ChannelTask] | ChannelTable, exchanges: list[Exchange], suspects: np.ndarray) -> HeldDigests:
+    """The records of an engine task's channels whose (exchange, upstream subtask, key group) is
+    one of ``suspects`` (sorted ``holding_keys``: key groups several downstream subtasks of one
+    upstream subtask hold), with their digests. The channels are read and framed
+    ``READ_TOGETHER_BYTES`` at a time (``framed_blocks``) and digested in one call a block (an
+    inflated checkpoint holds millions of such records in p² channels); a large channel, or a
+    block that does not read together, channel by channel (``scan_channel``)."""
+    reuse_memory()
+    rows = BatchRows.of(tasks)
+    parts: list[HeldDigests] = []
+    with ChannelStateReader() as reader:
+        for block in framed_blocks(rows, reader, read_up_to=LARGE_CHANNEL_BYTES):
+            exchange = exchanges[block.exchange_index]
+            max_parallelism, _ = rows.parallelisms(block.start)
+            keys = key_groups_of(exchange, max_parallelism)
+            if block.read is None or keys is None:
+                for task in rows.tasks(block.start, block.stop):
+                    mine = holding_keys(task.exchange_index, task.upstream_subtask, 0)
+                    groups = suspects[(suspects >> 16) == (mine >> 16)] & 0xFFFF
+                    scan = scan_channel(task, exchange, frozenset(groups.tolist()), reader=reader)
+                    count = len(scan.digests) // DIGEST_BYTES
+                    u, d = task.upstream_subtask, task.downstream_subtask
+                    held = [np.full(count, v, dtype=np.int64) for v in (task.exchange_index, u, d)]
+                    parts.append(HeldDigests(held[0], held[1], held[2], scan.digests))
+                continue
+            framed = block.read[0]
+            records = framed.records
+            check_values(records, exchange, keys)
+            is_record = records.is_record
+            record_channel = framed.channel[is_record]
+            upstream = rows.upstream[block.start : block.stop].astype(np.int64)[record_channel]
+            groups = keys.of(records, is_record).astype(np.int64)
+            chosen = np.isin(holding_keys(block.exchange_index, upstream, groups), suspects)
+            indices = np.flatnonzero(is_record)[chosen]
+            downstream = rows.downstream[block.start : block.stop].astype(np.int64)[record_channel[chosen]]
+            parts.append(
+                HeldDigests(
+                    np.full(len(indices), block.exchange_index, dtype=np.int64),
+                    upstream[chosen],
+                    downstream,
+                    _framing.digests(records.data, *records.element_bounds(indices)),
+                )
+            )
+    return HeldDigests.concatenate(parts)
 
 
 # A channel of more bytes is scanned in pieces of PIECE_BUFFERS buffers (``scan_in_pieces``), not

@@ -56,13 +56,42 @@ def suspect_records(records: ChannelRecords, key_groups: np.ndarray, suspects: f
 def digest_holders(digest: np.ndarray, holder: np.ndarray, *outer: np.ndarray) -> tuple[np.ndarray, ...]:
     """Records grouped by (``outer`` keys, their digest), each group's holders counted, at once:
     ``digest`` is each record's xxh3-128 as (n, 2) uint64, ``holder`` the subtask holding it.
-    Returns the records' order (by the outer keys, the digest, then the holder), in that order a
-    mask of each group's first record and each record's group, and each group's number of distinct
-    holders (a record twice in one holder counts once)."""
-    order = np.lexsort((holder, digest[:, 1], digest[:, 0], *reversed(outer)))
-    keys = np.column_stack([*(key[order] for key in outer), digest[order].view(np.int64)])
+    Returns the records' order (grouped, each group's records by holder), in that order a mask of
+    each group's first record and each record's group, and each group's number of distinct
+    holders (a record twice in one holder counts once).
+
+    Sorted by one 64-bit mix of each record's keys, stably (the records come by holder within
+    each group, as a scan and a route gather them); where two different keys share a mix, or a
+    group's holders are out of order, by all the keys (``np.lexsort``, 2 to 3 times as long)."""
+    if not len(digest):
+        return _holders_of(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), holder)
+    with np.errstate(over="ignore"):
+        mixed = digest[:, 0] ^ (digest[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+        for place, key in enumerate(outer, 1):
+            mixed ^= (key.astype(np.uint64) + np.uint64(place)) * np.uint64(0xC2B2AE3D27D4EB4F)
+    order = np.argsort(mixed, kind="stable")
+    same = _same_keys(order, digest, outer)
+    held = holder[order]
+    mixed = mixed[order]
+    if (same != (mixed[1:] == mixed[:-1])).any() or (same & (held[1:] < held[:-1])).any():
+        order = np.lexsort((holder, digest[:, 1], digest[:, 0], *reversed(outer)))
+        same = _same_keys(order, digest, outer)
     first = np.ones(len(order), dtype=bool)
-    first[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+    first[1:] = ~same
+    return _holders_of(order, first, holder)
+
+
+def _same_keys(order: np.ndarray, digest: np.ndarray, outer: tuple[np.ndarray, ...]) -> np.ndarray:
+    """For each record in ``order`` after the first, whether its keys equal the one's before it."""
+    ranked = digest[order]
+    same = (ranked[1:] == ranked[:-1]).all(axis=1)
+    for key in outer:
+        ranked_key = key[order]
+        same &= ranked_key[1:] == ranked_key[:-1]
+    return same
+
+
+def _holders_of(order: np.ndarray, first: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, ...]:
     held = holder[order]
     new_holder = first.copy()  # the first record of each (group, holder)
     new_holder[1:] |= held[1:] != held[:-1]
