@@ -66,6 +66,22 @@ def test_rows_equal_flinks_records(inflight, tmp_path):
     assert {k: v for k, v in want.items() if k[:2] in described} == dict(got)
 
 
+def test_columns_read_at_once_equal_records_decoded_one_by_one(inflight, tmp_path, monkeypatch):
+    """Every fixture Flink wrote: the file ``ckpt records`` writes, its values of flat types read a
+    column at a time, holds row for row what decoding every record one by one writes."""
+    from ckpt_tool.records import export
+
+    session = Session.open(str(inflight.checkpoint), inflight.schema, inflight.plan)
+    tables = []
+    for flat in (True, False):
+        if not flat:
+            monkeypatch.setattr(export.FlatValues, "of", classmethod(lambda cls, value_type: None))
+        out = tmp_path / f"records-{flat}.parquet"
+        export_records(session.checkpoint, session.described_exchanges, LocalEngine(), str(out))
+        tables.append(pq.read_table(out))
+    assert tables[0].equals(tables[1])
+
+
 def test_values_are_decoded_structs(tmp_path):
     fixture = next(f for f in ALL_FIXTURES if f.name == "flink23-sqltypes-p2")
     session = Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan)
