@@ -67,8 +67,9 @@ def test_rows_equal_flinks_records(inflight, tmp_path):
 
 
 def test_columns_read_at_once_equal_records_decoded_one_by_one(inflight, tmp_path, monkeypatch):
-    """Every fixture Flink wrote: the file ``ckpt records`` writes, its values of flat types read a
-    column at a time, holds row for row what decoding every record one by one writes."""
+    """Every fixture Flink wrote: the file ``ckpt records`` writes, its values of flat types and
+    its SQL rows of numbers and strings read a column at a time, holds row for row what decoding
+    every record one by one writes."""
     from ckpt_tool.records import export
 
     session = Session.open(str(inflight.checkpoint), inflight.schema, inflight.plan)
@@ -76,6 +77,7 @@ def test_columns_read_at_once_equal_records_decoded_one_by_one(inflight, tmp_pat
     for flat in (True, False):
         if not flat:
             monkeypatch.setattr(export.FlatValues, "of", classmethod(lambda cls, value_type: None))
+            monkeypatch.setattr(export.RowValues, "of", classmethod(lambda cls, value_type, key=(): None))
         out = tmp_path / f"records-{flat}.parquet"
         export_records(session.checkpoint, session.described_exchanges, LocalEngine(), str(out))
         tables.append(pq.read_table(out))
@@ -239,3 +241,56 @@ def test_keys_of_values_decoded_once_equal_the_keys_read_from_their_bytes(record
     want = [key_of(framed.records.element(i), 1) for i in indices.tolist()]
     assert columns["key_hash"].tolist() == [h if h < 2**31 else h - 2**32 for h, _ in want]
     assert columns["key"] == [json.dumps(k, ensure_ascii=False) for _, k in want]
+
+
+SQL_TEXTS = ["", "a", "user-7", None, "üser-15", "x" * 40, "😀 x", "seven77", b"\xff\xfe", b"\x80abc", "naïve"]
+
+
+@pytest.mark.parametrize(
+    "record_type, key",
+    [
+        ("binary_row<id:bigint,name:string,score:double,ok:boolean>", ("id",)),
+        ("binary_row<uid:int,name:string,tag:string>", ("uid", "name")),
+        ("binary_row<ok:boolean,n:smallint,t:tinyint,f:float>", ("ok", "n")),
+        ("binary_row<name:string,id:bigint>", ()),
+    ],
+)
+def test_sql_rows_read_as_columns_equal_the_rows_decoded_one_by_one(record_type, key):
+    """SQL rows of numbers and strings are read a column at a time, their keys of numbers hashed
+    so, where their bytes allow it (whole UTF-8, no null key field), and decoded one by one where
+    not (invalid UTF-8, a null key field): each row, and its key, printed key, hash and key group,
+    is what decoding every record one by one gives."""
+    from ckpt_tool.records.types import parse_type
+    from ckpt_tool.records.types.binary import build_binary_row
+
+    value_type = parse_type(record_type)
+
+    def field(t, i: int, place: int):
+        if (i + place) % 7 == 3:
+            return None
+        if t.name == "string":
+            text = SQL_TEXTS[(i + place) % len(SQL_TEXTS)]
+            return text if isinstance(text, bytes) else text.encode("utf-8") if text is not None else None
+        numbers = {"long": i * 1_000_003 - 50, "int": -i, "double": i / 3, "short": i - 9, "byte": i % 100, "float": i / 8}
+        return i % 3 == 0 if t.name == "boolean" else numbers[t.name]
+
+    def element(i: int) -> bytes:
+        row = build_binary_row(value_type.fields, [field(t, i, p) for p, t in enumerate(value_type.fields)], kind=i % 4).data
+        body = bytes([RECORD]) + struct.pack(">i", len(row)) + row
+        return struct.pack(">i", len(body)) + body
+
+    framed = frame_channels([b"".join(element(i) for i in range(70))])
+    indices = np.flatnonzero(framed.records.is_record)
+    exchange = Exchange("up", "down", record_type=record_type, key=key)
+    where = {"exchange": "up -> down", "upstream_subtask": np.zeros(70, np.int64), "downstream_subtask": np.zeros(70, np.int64)}
+    schema, _ = file_schema([exchange])
+    rows = []
+    for flat in (True, False):
+        decoding = Decoding(exchange, "")
+        assert decoding.flat is not None
+        if not flat:
+            decoding.flat = decoding.key_fields = None
+        rows.append(table(record_columns(framed.records, indices, indices, where, decoding, 128, 3), schema).to_pylist())
+    assert rows[0] == rows[1]
+    decoded = Decoding(exchange, "").flat.columns(framed.records, indices).decoded
+    assert decoded.any() and (not decoded.all() or key == ("ok", "n"))

@@ -506,3 +506,183 @@ class FlatValues:
             column = np.frombuffer(_framing.gather(data, at, at + width), dtype=dtype)
             columns.append(column != 0 if name == "boolean" else column.astype(column.dtype.newbyteorder("=")))
         return FlatColumns(decoded, columns, text, text_offsets, text_null)
+
+
+# --- SQL rows, a column at a time ----------------------------------------------------------------
+
+# the SQL fields read from their slots as they are (little-endian, as ``BinaryRowData`` holds them)
+_SQL_FIXED = {
+    "long": (8, "<i8"),
+    "int": (4, "<i4"),
+    "short": (2, "<i2"),
+    "byte": (1, "i1"),
+    "double": (8, "<f8"),
+    "float": (4, "<f4"),
+    "boolean": (1, "u1"),
+}
+# key fields a projection copies as they are (a float's NaN aside): their key rows are hashed at once
+_SQL_KEY_FIELDS = frozenset(("long", "int", "short", "byte", "boolean"))
+
+
+@dataclass(frozen=True)
+class RowColumns:
+    """SQL rows (``BinaryRowData``) read a column at a time (``RowValues.columns``): which of the
+    records asked for they are (``decoded``; the others take the per-record path), and per field
+    its values (a NumPy array, or a string's UTF-8 bytes one after another with int64 offsets) and
+    its nulls, over the decoded rows."""
+
+    decoded: np.ndarray
+    fields: list[Any]
+    nulls: list[np.ndarray]
+
+
+class RowValues:
+    """SQL rows whose fields are all numbers, booleans or strings (``binary_row<id:bigint,name:
+    string>`` say) read with NumPy a column at a time: a fixed-width field from its slot, a string
+    inline in its slot (up to 7 bytes) or where its slot points, as the UTF-8 it is. Rows that do
+    not fit their length, a string that points outside its row or is not whole UTF-8, and (where
+    ``key`` is given) a null key field take the per-record path. ``key``: the key fields, read so
+    only where each is a number or a boolean (``key_hashes``)."""
+
+    def __init__(self, value_type: DataType, key: Optional[list[int]]):
+        self.types = [t.name for t in value_type.fields]
+        self.layout = _layout(value_type)
+        self.key = key
+
+    @classmethod
+    def of(cls, value_type: DataType, key: tuple = ()) -> Optional[RowValues]:
+        if value_type.name != "binary_row" or not value_type.fields:
+            return None
+        if any(t.name not in _SQL_FIXED and t.name != "string" for t in value_type.fields):
+            return None
+        indices = [value_type.field_index(k) for k in key] if key else []
+        fixed_key = bool(indices) and all(value_type.fields[i].name in _SQL_KEY_FIELDS for i in indices)
+        return cls(value_type, indices if fixed_key else None)
+
+    def columns(self, records: ChannelRecords, indices: np.ndarray) -> RowColumns:
+        data = records.data
+        raw = np.frombuffer(data, dtype=np.uint8)
+        values = records.value_starts()[indices]
+        ends = records.ends[indices]
+        decoded = _fits(self.layout, data, values, ends)  # type: ignore[arg-type]
+        row = values + 4  # after the row's int length
+        null_bits = null_bits_size(len(self.types))
+
+        def nulls_of(index: int) -> np.ndarray:
+            bit = index + 8
+            return (raw[np.minimum(row + (bit >> 3), len(raw) - 1)] >> (bit & 7)) & 1 == 1
+
+        def slots(index: int, width: int, chosen: np.ndarray) -> bytes:
+            at = np.ascontiguousarray(row[chosen] + null_bits + 8 * index, dtype=np.int64)
+            return _framing.gather(data, at, at + width)
+
+        nulls = [nulls_of(i) for i in range(len(self.types))]
+        if self.key is not None:
+            for i in self.key:
+                decoded &= ~nulls[i]
+        # where each string lies: inline in its slot (a set top bit, the length in the top byte's
+        # low bits) or at the offset its slot points to, inside its row
+        texts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        chosen = np.flatnonzero(decoded)
+        for i, name in enumerate(self.types):
+            if name != "string":
+                continue
+            word = np.zeros(len(indices), dtype=np.uint64)
+            word[chosen] = np.frombuffer(slots(i, 8, chosen), dtype="<u8")
+            inline = (word >> np.uint64(63)) == 1
+            size = np.where(inline, (word >> np.uint64(56)) & np.uint64(0x7F), word & np.uint64(0xFFFFFFFF)).astype(np.int64)
+            start = np.where(inline, row + null_bits + 8 * i, row + (word >> np.uint64(32)).astype(np.int64))
+            size[nulls[i]] = 0
+            start[nulls[i]] = row[nulls[i]]
+            decoded &= np.where(inline, size <= 7, start + size <= ends)
+            texts[i] = (start, size)
+        chosen = np.flatnonzero(decoded)
+        fields: list[Any] = []
+        for i, name in enumerate(self.types):
+            if name == "string":
+                start, size = texts[i]
+                first = np.ascontiguousarray(start[chosen], dtype=np.int64)
+                text = _framing.gather(data, first, first + size[chosen])
+                offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+                np.cumsum(size[chosen], out=offsets[1:])
+                fields.append((text, offsets))
+            else:
+                width, dtype = _SQL_FIXED[name]
+                column = np.frombuffer(slots(i, width, chosen), dtype=dtype)
+                fields.append(column != 0 if name == "boolean" else column.astype(column.dtype.newbyteorder("=")))
+        # a string that is not whole UTF-8 is decoded one by one (with replacement characters)
+        other = np.zeros(len(chosen), dtype=bool)
+        for values_of in fields:
+            if isinstance(values_of, tuple):
+                other |= ~_whole_utf8(*values_of)
+        if other.any():
+            decoded[chosen[other]] = False
+            keep = ~other
+            fields = [_kept(values_of, keep) for values_of in fields]
+            chosen = chosen[keep]
+        return RowColumns(decoded, fields, [n[chosen] for n in nulls])
+
+    def key_hashes(self, columns: RowColumns) -> np.ndarray:
+        """``BinaryRowData.hashCode`` (uint32) of each decoded row's key row, as the planner's key
+        selector projects it (``BinaryRow.project``): no nulls (rows with a null key field are not
+        decoded), RowKind INSERT, each field's value in its slot, the rest zero; murmur3 by
+        little-endian words, seed 42."""
+        key = self.key or []
+        count = len(columns.nulls[0]) if columns.nulls else 0
+        words = np.zeros((count, (null_bits_size(len(key)) + 8 * len(key)) // 4), dtype=np.uint32)
+        for place, index in enumerate(key):
+            name = self.types[index]
+            slot = np.zeros((count, 8), dtype=np.uint8)
+            value = columns.fields[index]
+            width = _SQL_FIXED[name][0]
+            little = value.astype(np.uint8) if name == "boolean" else value.astype(value.dtype.newbyteorder("<"))
+            slot[:, :width] = little.view(np.uint8).reshape(count, width)
+            first = null_bits_size(len(key)) // 4 + 2 * place
+            words[:, first : first + 2] = slot.view("<u4")
+        return _row_hashes(words)
+
+
+def _whole_utf8(text: bytes, offsets: np.ndarray) -> np.ndarray:
+    """Whether each string (``text[offsets[i]:offsets[i + 1]]``) is valid UTF-8 on its own: all
+    of them are where their concatenation is and none starts inside a character (with a
+    continuation byte); else those of ASCII bytes only."""
+    raw = np.frombuffer(text, dtype=np.uint8)
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        wide = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum(raw >= 0x80, out=wide[1:])
+        return wide[offsets[1:]] == wide[offsets[:-1]]
+    starts = offsets[:-1]
+    lead = raw[np.minimum(starts, max(len(raw) - 1, 0))] if len(raw) else np.zeros(len(starts), dtype=np.uint8)
+    return ~((offsets[1:] > starts) & (lead >= 0x80) & (lead < 0xC0))
+
+
+def _kept(field: Any, keep: np.ndarray) -> Any:
+    """A field's values (an array, or strings as bytes and offsets) of the rows ``keep`` says."""
+    if not isinstance(field, tuple):
+        return field[keep]
+    text, offsets = field
+    first, last = np.ascontiguousarray(offsets[:-1][keep]), np.ascontiguousarray(offsets[1:][keep])
+    kept = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(last - first, out=kept[1:])
+    return _framing.gather(text, first, last), kept
+
+
+def _row_hashes(words: np.ndarray) -> np.ndarray:
+    """murmur3 (``MurmurHashUtils.hashBytesByWords``, seed 42) of each row of little-endian words."""
+    c1, c2 = np.uint32(0xCC9E2D51), np.uint32(0x1B873593)
+    h = np.full(len(words), 42, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        for j in range(words.shape[1]):
+            k = words[:, j] * c1
+            k = ((k << np.uint32(15)) | (k >> np.uint32(17))) * c2
+            h ^= k
+            h = ((h << np.uint32(13)) | (h >> np.uint32(19))) * np.uint32(5) + np.uint32(0xE6546B64)
+        h ^= np.uint32(4 * words.shape[1])
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h

@@ -26,7 +26,15 @@ import pyarrow as pa
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.framing import framing as _framing
-from ckpt_tool.records.batch import ChannelRecords, FlatColumns, FlatValues, field_hashes, murmur_key_groups
+from ckpt_tool.records.batch import (
+    ChannelRecords,
+    FlatColumns,
+    FlatValues,
+    RowColumns,
+    RowValues,
+    field_hashes,
+    murmur_key_groups,
+)
 from ckpt_tool.records.elements import RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.keys import operator_index_for_key_group
 from ckpt_tool.records.schema import Exchange, FieldKey
@@ -207,10 +215,17 @@ class Decoding:
         self.value_type = _value_type(exchange)
         self.avro = self.value_type is not None and self.value_type.name == "avro"
         flat_typed = self.decode is not None and self.value_type is not None and not self.avro
-        self.flat = FlatValues.of(self.value_type) if flat_typed else None  # type: ignore[arg-type]
+        self.flat: Optional[FlatValues | RowValues] = None
         self.key_fields: Optional[list[tuple[int, str]]] = None
-        if self.flat is not None and self.key_of is not None and not exchange.decoder:
-            self.key_fields = _flat_key_fields(self.value_type, exchange.key, len(self.flat.leading.places))  # type: ignore[arg-type]
+        own_key = self.key_of is not None and not exchange.decoder
+        if flat_typed and self.value_type.name == "binary_row":  # type: ignore[union-attr]
+            self.flat = RowValues.of(self.value_type, exchange.key if own_key else ())  # type: ignore[arg-type]
+            if self.flat is not None and self.flat.key is not None:
+                self.key_fields = [(i, self.flat.types[i]) for i in self.flat.key]
+        elif flat_typed:
+            self.flat = FlatValues.of(self.value_type)  # type: ignore[arg-type]
+            if self.flat is not None and own_key:
+                self.key_fields = _flat_key_fields(self.value_type, exchange.key, len(self.flat.leading.places))  # type: ignore[arg-type]
 
 
 def _flat_key_fields(value_type: DataType, key: tuple, leading: int) -> Optional[list[tuple[int, str]]]:
@@ -266,7 +281,7 @@ def record_columns(
     element_starts, ends = records.element_bounds(indices)
     value_starts = records.value_starts()[indices]
     flat = decoding.flat.columns(records, indices) if decoding.flat is not None else None
-    if flat is not None and flat.text_offsets is not None and flat.text_offsets[-1] >= 1 << 31:
+    if flat is not None and _text_bytes(flat) >= 1 << 31:
         flat = None  # more string bytes than an Arrow string array holds: one by one (a row group of huge records)
     by_record = np.flatnonzero(~flat.decoded) if flat is not None else np.arange(count)
     keys_by_record = key_of is not None and (flat is None or decoding.key_fields is None)
@@ -311,7 +326,10 @@ def record_columns(
     finally:
         view.release()
     if key_of is not None and not keys_by_record:
-        _flat_keys(flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
+        if isinstance(flat, RowColumns):
+            _row_keys(decoding.flat, flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
+        else:
+            _flat_keys(flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
     codes = hashes.astype(np.uint32)
     groups = murmur_key_groups(codes, max_parallelism)
     owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
@@ -330,7 +348,14 @@ def record_columns(
         value_arrow = arrow_type(value_type)  # type: ignore[arg-type]
         one_by_one = pa.array(values, type=value_arrow)
         del values
-        array = one_by_one if flat is None else _merged(_flat_array(value_type, value_arrow, flat), one_by_one, flat.decoded)  # type: ignore[arg-type]
+        if flat is None:
+            array = one_by_one
+        else:
+            if isinstance(flat, RowColumns):
+                columnar = _row_array(value_arrow, flat)
+            else:
+                columnar = _flat_array(value_type, value_arrow, flat)  # type: ignore[arg-type]
+            array = _merged(columnar, one_by_one, flat.decoded)
         columns["value"] = array if value_field == "" else pa.StructArray.from_arrays([array], names=[value_field])
     return columns
 
@@ -359,21 +384,54 @@ def _flat_keys(flat: FlatColumns, key_fields: list[tuple[int, str]], hashes: np.
         printable[at] = text
 
 
+def _text_bytes(flat: FlatColumns | RowColumns) -> int:
+    """The bytes of the strings a column-at-a-time read holds (an Arrow string array holds 2 GiB)."""
+    if isinstance(flat, RowColumns):
+        return max((int(f[1][-1]) for f in flat.fields if isinstance(f, tuple)), default=0)
+    return int(flat.text_offsets[-1]) if flat.text_offsets is not None else 0
+
+
+def _row_keys(
+    rows: RowValues, flat: RowColumns, key_fields: list[tuple[int, str]], hashes: np.ndarray, printable: list[Any]
+) -> None:
+    """The keys of SQL rows read a column at a time: the hash of each one's key row into
+    ``hashes``, the key (a JSON list, as the planner's key row prints) into ``printable``."""
+    where = np.flatnonzero(flat.decoded)
+    hashes[where] = rows.key_hashes(flat).astype(np.int64)
+    fields = [flat.fields[i].tolist() for i, _ in key_fields]
+    if len(fields) == 1 and key_fields[0][1] != "boolean":
+        shown = [f"[{int.__repr__(v)}]" for v in fields[0]]
+    else:
+        shown = [json.dumps(list(key)) for key in zip(*fields)]
+    for at, text in zip(where.tolist(), shown):
+        printable[at] = text
+
+
+def _string_array(text: bytes, offsets: np.ndarray, null: Optional[np.ndarray]) -> pa.Array:
+    """Strings (UTF-8 bytes one after another, int64 offsets) as an Arrow string array."""
+    validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if null is not None and null.any() else None
+    nulls = int(null.sum()) if validity is not None else 0  # type: ignore[union-attr]
+    return pa.StringArray.from_buffers(
+        len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(text), validity, nulls
+    )
+
+
+def _row_array(value_arrow: pa.DataType, flat: RowColumns) -> pa.Array:
+    """SQL rows read a column at a time, as an Arrow struct array of the value's type."""
+    children = []
+    for values, null in zip(flat.fields, flat.nulls):
+        if isinstance(values, tuple):
+            children.append(_string_array(values[0], values[1], null))
+        else:
+            children.append(pa.array(values, mask=null if null.any() else None))
+    return pa.StructArray.from_arrays(children, fields=list(value_arrow))
+
+
 def _flat_array(value_type: DataType, value_arrow: pa.DataType, flat: FlatColumns) -> pa.Array:
     """The values ``FlatValues`` read, as an Arrow array of the value's type."""
     children = [pa.array(column) for column in flat.fields]
     if flat.text is not None:
-        offsets, null = flat.text_offsets, flat.text_null
-        validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if null.any() else None  # type: ignore[union-attr,operator]
-        children.append(
-            pa.StringArray.from_buffers(
-                len(offsets) - 1,  # type: ignore[arg-type]
-                pa.py_buffer(offsets.astype(np.int32)),  # type: ignore[union-attr]
-                pa.py_buffer(flat.text),
-                validity,
-                int(null.sum()),  # type: ignore[union-attr]
-            )
-        )
+        children.append(_string_array(flat.text, flat.text_offsets, flat.text_null))  # type: ignore[arg-type]
     if value_type.name not in ("tuple", "pojo"):
         return children[0]
     return pa.StructArray.from_arrays(children, fields=list(value_arrow))
