@@ -22,7 +22,7 @@ from ckpt_tool.framing import framing as _framing
 from ckpt_tool.records.elements import NON_RECORDS, RECORD, RECORD_WITH_TIMESTAMP
 from ckpt_tool.records.schema import Exchange
 from ckpt_tool.records.types import DataType, RecordDecodeError, decode_value, parse_type
-from ckpt_tool.records.types.binary import null_bits_size
+from ckpt_tool.records.types.binary import compact, null_bits_size
 
 
 @dataclass
@@ -520,6 +520,9 @@ _SQL_FIXED = {
     "float": (4, "<f4"),
     "boolean": (1, "u1"),
 }
+# the SQL fields read as an int or a long from their slot: days, milliseconds of the day, and (where
+# compact) a timestamp's milliseconds and a decimal's unscaled value
+_SQL_WORDS = {"date": "<i4", "time": "<i4", "timestamp": "<i8", "timestamp_ltz": "<i8", "decimal": "<i8"}
 # key fields a projection copies as they are (a float's NaN aside): their key rows are hashed at once
 _SQL_KEY_FIELDS = frozenset(("long", "int", "short", "byte", "boolean"))
 
@@ -537,8 +540,9 @@ class RowColumns:
 
 
 class RowValues:
-    """SQL rows whose fields are all numbers, booleans or strings (``binary_row<id:bigint,name:
-    string>`` say) read with NumPy a column at a time: a fixed-width field from its slot, a string
+    """SQL rows whose fields are all numbers, booleans, strings, dates, times, and timestamps and
+    decimals that fit their slot (``binary_row<id:bigint,name:string>`` say) read with NumPy a
+    column at a time: a fixed-width field from its slot, a string
     inline in its slot (up to 7 bytes) or where its slot points, as the UTF-8 it is. Rows that do
     not fit their length, a string that points outside its row or is not whole UTF-8, and (where
     ``key`` is given) a null key field take the per-record path. ``key``: the key fields, read so
@@ -553,7 +557,10 @@ class RowValues:
     def of(cls, value_type: DataType, key: tuple = ()) -> Optional[RowValues]:
         if value_type.name != "binary_row" or not value_type.fields:
             return None
-        if any(t.name not in _SQL_FIXED and t.name != "string" for t in value_type.fields):
+        if any(
+            t.name not in _SQL_FIXED and t.name != "string" and not (t.name in _SQL_WORDS and compact(t))
+            for t in value_type.fields
+        ):
             return None
         indices = [value_type.field_index(k) for k in key] if key else []
         fixed_key = bool(indices) and all(value_type.fields[i].name in _SQL_KEY_FIELDS for i in indices)
@@ -607,7 +614,7 @@ class RowValues:
                 np.cumsum(size[chosen], out=offsets[1:])
                 fields.append((text, offsets))
             else:
-                width, dtype = _SQL_FIXED[name]
+                width, dtype = _SQL_FIXED[name] if name in _SQL_FIXED else (int(_SQL_WORDS[name][-1]), _SQL_WORDS[name])
                 column = np.frombuffer(slots(i, width, chosen), dtype=dtype)
                 fields.append(column != 0 if name == "boolean" else column.astype(column.dtype.newbyteorder("=")))
         # a string that is not whole UTF-8 is decoded one by one (with replacement characters)

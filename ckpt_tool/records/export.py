@@ -419,11 +419,18 @@ def _string_array(text: bytes, offsets: np.ndarray, null: Optional[np.ndarray]) 
 def _row_array(value_arrow: pa.DataType, flat: RowColumns) -> pa.Array:
     """SQL rows read a column at a time, as an Arrow struct array of the value's type."""
     children = []
-    for values, null in zip(flat.fields, flat.nulls):
+    for values, null, place in zip(flat.fields, flat.nulls, value_arrow):
+        mask = null if null.any() else None
         if isinstance(values, tuple):
             children.append(_string_array(values[0], values[1], null))
+        elif pa.types.is_timestamp(place.type):  # compact: milliseconds, kept as microseconds
+            children.append(pa.array(values * 1000, type=place.type, mask=mask))
+        elif pa.types.is_decimal(place.type):  # compact: the unscaled long, as 128 bits
+            wide = np.column_stack([values, values >> 63]).astype("<i8")
+            validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if mask is not None else None
+            children.append(pa.Array.from_buffers(place.type, len(values), [validity, pa.py_buffer(wide.tobytes())]))
         else:
-            children.append(pa.array(values, mask=null if null.any() else None))
+            children.append(pa.array(values, type=place.type, mask=mask))
     return pa.StructArray.from_arrays(children, fields=list(value_arrow))
 
 
