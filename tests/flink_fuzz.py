@@ -57,7 +57,12 @@ while restores hung on a coordinator's state), nor in ``flink23-sqltypes-p2`` (s
 refused) or ``flink120-sideout-p2`` (seed 90: 20 OK, 56 refused; three DIFF, each a handle's subtask
 index, and two where an operator's id was altered, on which both restores fail alike, Flink's
 "Cannot map checkpoint/savepoint state for operator": the chained operator's id above; where the
-metadata stores uids, Flink 2.x, such an id is now refused, the ``operator-ids`` check). In each
+metadata stores uids, Flink 2.x, such an id is now refused, the ``operator-ids`` check), nor in
+``flink23-changelog-p2`` (seed 91: 25 OK, 50 refused), ``flink23-forst-p2`` (seed 92: 19 OK, 10
+refused; a SAME-FAIL, a coordinator's state) or ``flink120-filemerging-hashmap-p2`` (seed 93: 29
+DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "Cannot get old subtasks from a
+descriptor that represents no state", ckpt's output restoring with the exact 60,010; a SAME-FAIL,
+an operator's id in metadata without uids). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
