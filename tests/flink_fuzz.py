@@ -62,7 +62,10 @@ metadata stores uids, Flink 2.x, such an id is now refused, the ``operator-ids``
 refused; a SAME-FAIL, a coordinator's state) or ``flink120-filemerging-hashmap-p2`` (seed 93: 29
 DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "Cannot get old subtasks from a
 descriptor that represents no state", ckpt's output restoring with the exact 60,010; a SAME-FAIL,
-an operator's id in metadata without uids). In each
+an operator's id in metadata without uids). Then (``flink23-filemerging-rocksdb-p2``, seed 94: 29
+OK, one DIFF) a file-merging operator-state handle's task-owned directory holding NULs, on which
+Flink's restore fails (``URISyntaxException``) and which ckpt had rescaled with exit 0: now refused
+as the metadata is read. In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or

@@ -120,7 +120,8 @@ def test_inspect_text_sums_channels_per_subtask_past_a_thousand(tmp_path, ckpt):
 def test_records_of_many_channels_are_written_in_few_row_groups(tmp_path):
     """`ckpt records` runs in engine tasks of a bounded byte budget, not a task and a part file per
     logical channel (16.8 million at p=4,096 dense): at p=40 dense, 1,600 channels come out in a
-    few row groups, every record once, in channel order."""
+    few row groups, every record once, in channel order (by downstream subtask, then upstream: a
+    downstream subtask's input channels lie in one file, which a block of them reads once)."""
     import pyarrow.parquet as pq
     from generate import FIXTURE, SCHEMA
 
@@ -139,8 +140,8 @@ def test_records_of_many_channels_are_written_in_few_row_groups(tmp_path):
     exchanges = [r["exchange"] for r in rows]
     assert exchanges == sorted(exchanges, key=exchanges.index)  # each exchange's rows together
     for exchange in set(exchanges):
-        order = [(r["upstream_subtask"], r["downstream_subtask"], r["element_index"]) for r in rows if r["exchange"] == exchange]
-        assert order == sorted(set(order))  # by (upstream, downstream), each record once
+        order = [(r["downstream_subtask"], r["upstream_subtask"], r["element_index"]) for r in rows if r["exchange"] == exchange]
+        assert order == sorted(set(order))  # by (downstream, upstream): each file read once a block; each record once
 
 
 def test_the_scale_bench_reads_a_commands_output_through_a_pipe_and_counts_it():

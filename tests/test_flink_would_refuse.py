@@ -586,3 +586,21 @@ def test_flink_fails_on_an_operator_under_another_id_than_its_uids(tmp_path):
                 restore()
         else:
             assert restore() == info["source_records"]
+
+
+@pytest.mark.parametrize("directory", ["task_owned_dir", "shared_dir"])
+def test_a_file_merging_directory_holding_a_nul_is_refused_as_the_metadata_is_read(ckpt, tmp_path, directory):
+    """A file-merging operator-state handle names its task-owned and shared directories; Flink's
+    restore fails on one whose path holds NULs (``URISyntaxException: Relative path in absolute
+    URI``), where ckpt had rescaled it with exit 0 (tests/flink_fuzz.py, seed 94)."""
+    fixture = fixture_named("flink23-filemerging-rocksdb-p2")
+    metadata = read_metadata(fixture.metadata_file.read_bytes())
+    handles = [s.managed_operator for o in metadata.operators for s in o.subtasks if s.managed_operator is not None]
+    handle = next(h for h in handles if getattr(h, directory))
+    setattr(handle, directory, "\x00\x01" + getattr(handle, directory)[2:])
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    (job / fixture.checkpoint.name / "_metadata").write_bytes(write_metadata(metadata))
+    code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
+    what = {"task_owned_dir": "task-owned directory", "shared_dir": "shared directory"}[directory]
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"{what} holds a NUL character" in err, err

@@ -421,8 +421,8 @@ class _MetadataReader:
             states.append(OperatorStateInfo(name, mode, offsets))
         handle = OperatorStateHandle(tag, states, None)
         if tag == SEGMENT_OPERATOR_STATE:
-            handle.task_owned_dir = r.utf("task-owned directory")
-            handle.shared_dir = r.utf("shared directory")
+            handle.task_owned_dir = self.file_path("task-owned directory")
+            handle.shared_dir = self.file_path("shared directory")
             handle.is_empty = r.boolean("empty flag")
         handle.delegate = self.stream_handle()
         return handle

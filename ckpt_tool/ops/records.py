@@ -195,7 +195,10 @@ def export_records(
     mode = report_mode(checkpoint)
     parts = tempfile.mkdtemp(prefix=".ckpt-records-", dir=directory)  # owner-only
     try:
-        table_of_channels = channel_tasks(checkpoint, exchanges)
+        # by downstream subtask, then upstream: the channels of a block of rows lie in few files
+        # (a subtask's input state is one), not in one file per upstream subtask (at p=4,096 dense,
+        # a block of 8 MiB had read from each of 4,096 files: 2.3 times the CPU)
+        table_of_channels = channel_tasks(checkpoint, exchanges, by_downstream=True)
         context = ExportContext(
             exchanges,
             [checkpoint.metadata.exchange_label(e.upstream_id, e.downstream_id) for e in exchanges],
