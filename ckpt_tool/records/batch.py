@@ -510,16 +510,9 @@ class FlatValues:
 
 # --- SQL rows, a column at a time ----------------------------------------------------------------
 
-# the SQL fields read from their slots as they are (little-endian, as ``BinaryRowData`` holds them)
-_SQL_FIXED = {
-    "long": (8, "<i8"),
-    "int": (4, "<i4"),
-    "short": (2, "<i2"),
-    "byte": (1, "i1"),
-    "double": (8, "<f8"),
-    "float": (4, "<f4"),
-    "boolean": (1, "u1"),
-}
+# the SQL fields read from their slots as they are: Flink's scalars, little-endian (as
+# ``BinaryRowData`` holds them; a SQL row has no char)
+_SQL_FIXED = {name: (width, dtype.replace(">", "<")) for name, (width, dtype) in _FIXED.items() if name != "char"}
 # the SQL fields read as an int or a long from their slot: days, milliseconds of the day, and (where
 # compact) a timestamp's milliseconds and a decimal's unscaled value
 _SQL_WORDS = {"date": "<i4", "time": "<i4", "timestamp": "<i8", "timestamp_ltz": "<i8", "decimal": "<i8"}
