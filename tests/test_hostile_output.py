@@ -31,6 +31,7 @@ from catalog import fixture_named
 from ckpt_tool.flink.channel_state import write_channel_state_file
 from ckpt_tool.flink.metadata import iter_stream_handles, read_metadata, write_metadata
 from ckpt_tool.flink.model import INPUT, ChannelStateHandle, RelativeFileHandle, WrittenFileHandle
+from ckpt_tool.flink.operator_id import operator_id_of_uid
 from ckpt_tool.records.keys import key_group_for_hash, long_hash, operator_index_for_key_group
 from ckpt_tool.storage import io_for
 
@@ -57,23 +58,34 @@ HOSTILE = [
 RAW = ("\x1b", "\x07", "\x01", "\x00", "\x7f", "\x9b", "\u202e", "\u2028")  # never reach a terminal or a file
 
 
-def typed_schema(tmp_path: Path) -> str:
-    """The CountJob schema, naming the operators by id (their uids are what the tests rewrite)."""
+def typed_schema(tmp_path: Path, uid: str | None = None) -> str:
+    """The CountJob schema, naming the operators by id (their uids are what the tests rewrite:
+    map-main's id is then its uid's, ``main_id``)."""
     path = tmp_path / "typed.toml"
-    path.write_text(f'[[exchange]]\nupstream = "{MAIN}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n')
+    path.write_text(
+        f'[[exchange]]\nupstream = "{main_id(uid)}"\ndownstream = "{SLOW}"\ntype = "tuple<long,string>"\nkey = ["f0"]\n'
+    )
     return str(path)
 
 
+def main_id(uid: str | None) -> str:
+    """map-main's id in a checkpoint ``craft`` made with this uid: Flink stores an operator's state
+    under the id its uid hashes to (``verify``'s ``operator-ids``)."""
+    return MAIN if uid is None else operator_id_of_uid(uid)
+
+
 def craft(tmp_path: Path, uid=None, name=None, directory: str = "job", record_value: bytes | None = None) -> Path:
-    """A copy of the fixture's job directory (named ``directory``) whose map-main has ``uid`` and
-    ``name``, and whose channel map-main 0 -> slow-count 0 holds one record of ``record_value``
-    (a StreamRecord with timestamp: tag 0, 8 bytes, the value); returns its checkpoint directory."""
+    """A copy of the fixture's job directory (named ``directory``) whose map-main has ``uid`` (and
+    the id Flink gives it, ``main_id``) and ``name``, and whose channel map-main 0 -> slow-count 0
+    holds one record of ``record_value`` (a StreamRecord with timestamp: tag 0, 8 bytes, the
+    value); returns its checkpoint directory."""
     job = tmp_path / directory
     shutil.copytree(BASE.checkpoint.parent, job)
     checkpoint = job / BASE.checkpoint.name
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
     main = metadata.operator(MAIN)
-    main.uid = main.uid if uid is None else uid
+    if uid is not None:  # the state where Flink would put it for that uid
+        main.uid, main.operator_id = uid, bytes.fromhex(main_id(uid))
     main.name = main.name if name is None else name
     if record_value is not None:
         add_record(checkpoint, metadata, b"\x00" + struct.pack(">q", 7) + record_value)
@@ -153,7 +165,7 @@ def test_a_generated_schema_holds_only_what_ckpt_wrote(ckpt, tmp_path, hostile, 
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
     if with_plan:
         main = next(e for e in entries if e["downstream"] == "slow-count" and e["gate"] == 0)
-        assert metadata.operator(main["upstream"]).id_hex == MAIN
+        assert metadata.operator(main["upstream"]).id_hex == main_id(f"map-main{hostile}")
     skeleton = tmp_path / "skeleton.toml"
     skeleton.write_text(out)
     code, out, err = ckpt("inspect", str(checkpoint), "--schema", str(skeleton), *plan, "--json", "--engine", "local")
@@ -183,7 +195,7 @@ def test_the_schema_injection_chain_executes_nothing(ckpt, tmp_path):
     old_output = tmp_path / "old-generator.toml"  # the comment line as the old generator wrote it
     old_output.write_text(
         f'[[exchange]]\n# upstream (tail of its chain): uid "{injected}", name "map-main"\n'
-        f'upstream = "{MAIN}"\ndownstream = "{SLOW}"\n'
+        f'upstream = "{main_id(injected)}"\ndownstream = "{SLOW}"\n'
     )
     assert "decoder" in tomllib.loads(old_output.read_text())["exchange"][0]
     for plugins in ([], ["--plugin", "key_plugins"]):
@@ -231,10 +243,13 @@ NAME = "[/x][bold red]boom[/][link=https://e.vil]click[/link]\x1b[2J\x1b]0;owned
 SHOWN = "[/x][bold red]boom[/][link=https://e.vil]click[/link]\\x1b[2J\\x1b]0;owned\\x07\\x1b]8;;https://e.vil\\x07L\\x01\\u202e"
 
 
+HOSTILE_UID = f"uid{NAME}"
+
+
 def hostile_checkpoint(tmp_path: Path) -> Path:
     """map-main with the hostile name and uid, in a directory with a hostile name, and a
     channel-state file with a hostile name."""
-    checkpoint = craft(tmp_path, uid=f"uid{NAME}", name=NAME, directory="job[bold]\x1b[2J\x01")
+    checkpoint = craft(tmp_path, uid=HOSTILE_UID, name=NAME, directory="job[bold]\x1b[2J\x01")
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
     channel_file = next(
         h.delegate.relative_path
@@ -261,9 +276,11 @@ def test_inspect_shows_every_name_literally(ckpt, tmp_path, capsys, width):
     from ckpt_tool.session import Session
 
     checkpoint = hostile_checkpoint(tmp_path)
-    code, out, err = ckpt("inspect", str(checkpoint), "--plan", PLAN, "--schema", typed_schema(tmp_path), "--engine", "local")
+    code, out, err = ckpt(
+        "inspect", str(checkpoint), "--plan", PLAN, "--schema", typed_schema(tmp_path, HOSTILE_UID), "--engine", "local"
+    )
     assert code == 0, err
-    with Session.open(str(checkpoint), typed_schema(tmp_path), PLAN, "local") as session:
+    with Session.open(str(checkpoint), typed_schema(tmp_path, HOSTILE_UID), PLAN, "local") as session:
         RichOutput(width=width).inspect(inspect(session))
     out += capsys.readouterr().out
     assert_literal(out, err)
@@ -273,7 +290,7 @@ def test_inspect_shows_every_name_literally(ckpt, tmp_path, capsys, width):
 
 def test_rescale_repair_and_verify_show_names_literally(ckpt, tmp_path):
     checkpoint = hostile_checkpoint(tmp_path)
-    inputs = ["--plan", PLAN, "--schema", typed_schema(tmp_path), "--engine", "local"]
+    inputs = ["--plan", PLAN, "--schema", typed_schema(tmp_path, HOSTILE_UID), "--engine", "local"]
     out_dir = tmp_path / "out"
     before = files(checkpoint.parent)
     for command, shown in (
@@ -310,7 +327,7 @@ def test_verify_keeps_its_exit_codes_and_writes_junit_that_parses(ckpt, tmp_path
     """A control character in the checkpoint's path or an operator's name: verify still exits 0
     (sound) or 1 (problems), and its JUnit XML parses, showing the character as an escape."""
     checkpoint = hostile_checkpoint(tmp_path)
-    inputs = ["--plan", PLAN, "--schema", typed_schema(tmp_path), "--engine", "local"]
+    inputs = ["--plan", PLAN, "--schema", typed_schema(tmp_path, HOSTILE_UID), "--engine", "local"]
     junit = tmp_path / "junit.xml"
     code, out, err = ckpt("verify", str(checkpoint), *inputs, "--junit", str(junit))
     assert code == 0, err
@@ -328,7 +345,7 @@ def test_html_names_are_text_not_links_or_scripts(ckpt, tmp_path):
     name = "<a href='https://e.vil/'>go</a><b>bold</b><script>alert(1)</script><img src=x onerror=alert(1)>"
     checkpoint = craft(tmp_path, uid=name, name=name, directory="job<script>")
     page = tmp_path / "report.html"
-    for schema in ([], ["--plan", PLAN, "--schema", typed_schema(tmp_path)]):
+    for schema in ([], ["--plan", PLAN, "--schema", typed_schema(tmp_path, name)]):
         code, _, err = ckpt("inspect", str(checkpoint), "--html", str(page), *schema, "--engine", "local")
         assert code == 0, err
         text = page.read_text()
