@@ -493,10 +493,7 @@ class FlatValues:
             # a byte per unit: every unit is below 0x80, ASCII (a record that fits ends its units at its end)
             decoded &= null | (length - 1 == ends - begin)
             chosen = np.flatnonzero(decoded)
-            first, last = begin[chosen], ends[chosen]
-            text = _framing.gather(data, np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(last, dtype=np.int64))
-            text_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-            np.cumsum(last - first, out=text_offsets[1:])
+            text, text_offsets = _ranges(data, begin[chosen], ends[chosen])
             text_null = null[chosen]
         chosen_values = values[decoded]
         columns = []
@@ -601,11 +598,7 @@ class RowValues:
         for i, name in enumerate(self.types):
             if name == "string":
                 start, size = texts[i]
-                first = np.ascontiguousarray(start[chosen], dtype=np.int64)
-                text = _framing.gather(data, first, first + size[chosen])
-                offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-                np.cumsum(size[chosen], out=offsets[1:])
-                fields.append((text, offsets))
+                fields.append(_ranges(data, start[chosen], start[chosen] + size[chosen]))
             else:
                 width, dtype = _SQL_FIXED[name] if name in _SQL_FIXED else (int(_SQL_WORDS[name][-1]), _SQL_WORDS[name])
                 column = np.frombuffer(slots(i, width, chosen), dtype=dtype)
@@ -663,10 +656,17 @@ def _kept(field: Any, keep: np.ndarray) -> Any:
     if not isinstance(field, tuple):
         return field[keep]
     text, offsets = field
-    first, last = np.ascontiguousarray(offsets[:-1][keep]), np.ascontiguousarray(offsets[1:][keep])
-    kept = np.zeros(len(first) + 1, dtype=np.int64)
-    np.cumsum(last - first, out=kept[1:])
-    return _framing.gather(text, first, last), kept
+    return _ranges(text, offsets[:-1][keep], offsets[1:][keep])
+
+
+def _ranges(data: bytes, first: np.ndarray, last: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The byte ranges ``data[first[i]:last[i]]`` one after another, and the int64 offsets where
+    each begins (one more: where the last ends), as an Arrow string array holds them."""
+    first = np.ascontiguousarray(first, dtype=np.int64)
+    last = np.ascontiguousarray(last, dtype=np.int64)
+    offsets = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(last - first, out=offsets[1:])
+    return _framing.gather(data, first, last), offsets
 
 
 def _row_hashes(words: np.ndarray) -> np.ndarray:

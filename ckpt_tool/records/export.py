@@ -291,9 +291,8 @@ def record_columns(
     raw: list[bytes] = []
     # per record: the keys (where not read as columns), the values (where not flat) or their raw bytes
     looped = np.arange(count) if keys_by_record or decode is None else by_record
-    decoded_here = by_record if decode is not None else looped[:0]
     decoding_mask = np.zeros(count, dtype=bool)
-    decoding_mask[decoded_here] = True
+    decoding_mask[by_record] = decode is not None
     number = 0
     view = memoryview(data)
     try:
@@ -327,9 +326,13 @@ def record_columns(
         view.release()
     if key_of is not None and not keys_by_record:
         if isinstance(flat, RowColumns):
-            _row_keys(decoding.flat, flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
+            read, shown = _row_keys(decoding.flat, flat, decoding.key_fields)  # type: ignore[arg-type]
         else:
-            _flat_keys(flat, decoding.key_fields, hashes, printable)  # type: ignore[arg-type]
+            read, shown = _flat_keys(flat, decoding.key_fields)  # type: ignore[arg-type]
+        read_at = np.flatnonzero(flat.decoded)  # type: ignore[union-attr]
+        hashes[read_at] = read
+        for at, text in zip(read_at.tolist(), shown):
+            printable[at] = text
     codes = hashes.astype(np.uint32)
     groups = murmur_key_groups(codes, max_parallelism)
     owners = operator_index_for_key_group(max_parallelism, parallelism, groups.astype(np.int64))
@@ -369,19 +372,16 @@ def _timestamps(records: ChannelRecords, indices: np.ndarray, element_starts: np
     return pa.array(stamps, mask=~stamped)
 
 
-def _flat_keys(flat: FlatColumns, key_fields: list[tuple[int, str]], hashes: np.ndarray, printable: list[Any]) -> None:
-    """The keys of the records of a flat type, from their fixed-width fields: Java hashes into
-    ``hashes``, printed keys into ``printable`` (those decoded one by one have theirs already)."""
-    where = np.flatnonzero(flat.decoded)
+def _flat_keys(flat: FlatColumns, key_fields: list[tuple[int, str]]) -> tuple[np.ndarray, list[str]]:
+    """The keys of the records of a flat type read a column at a time, from their fixed-width
+    fields: their Java hashes and their printed keys (those decoded one by one have theirs)."""
     fields = [flat.fields[i] for i, _ in key_fields]
-    hashes[where] = field_hashes(fields, [name for _, name in key_fields])
     if len(fields) == 1:
         show = int.__repr__ if key_fields[0][1] in _INTEGERS else _printable
         shown = list(map(show, fields[0].tolist()))
     else:
         shown = [_printable(list(key)) for key in zip(*(f.tolist() for f in fields))]
-    for at, text in zip(where.tolist(), shown):
-        printable[at] = text
+    return field_hashes(fields, [name for _, name in key_fields]), shown
 
 
 def _text_bytes(flat: FlatColumns | RowColumns) -> int:
@@ -391,25 +391,25 @@ def _text_bytes(flat: FlatColumns | RowColumns) -> int:
     return int(flat.text_offsets[-1]) if flat.text_offsets is not None else 0
 
 
-def _row_keys(
-    rows: RowValues, flat: RowColumns, key_fields: list[tuple[int, str]], hashes: np.ndarray, printable: list[Any]
-) -> None:
-    """The keys of SQL rows read a column at a time: the hash of each one's key row into
-    ``hashes``, the key (a JSON list, as the planner's key row prints) into ``printable``."""
-    where = np.flatnonzero(flat.decoded)
-    hashes[where] = rows.key_hashes(flat).astype(np.int64)
+def _row_keys(rows: RowValues, flat: RowColumns, key_fields: list[tuple[int, str]]) -> tuple[np.ndarray, list[str]]:
+    """The keys of SQL rows read a column at a time: the hash of each one's key row, and the key
+    printed (a JSON list, as the planner's key row prints)."""
     fields = [flat.fields[i].tolist() for i, _ in key_fields]
     if len(fields) == 1 and key_fields[0][1] != "boolean":
         shown = [f"[{int.__repr__(v)}]" for v in fields[0]]
     else:
         shown = [json.dumps(list(key)) for key in zip(*fields)]
-    for at, text in zip(where.tolist(), shown):
-        printable[at] = text
+    return rows.key_hashes(flat), shown
+
+
+def _validity(null: Optional[np.ndarray]) -> Optional[pa.Buffer]:
+    """An Arrow validity bitmap of the rows not ``null`` (None where none is)."""
+    return pa.py_buffer(np.packbits(~null, bitorder="little")) if null is not None and null.any() else None
 
 
 def _string_array(text: bytes, offsets: np.ndarray, null: Optional[np.ndarray]) -> pa.Array:
     """Strings (UTF-8 bytes one after another, int64 offsets) as an Arrow string array."""
-    validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if null is not None and null.any() else None
+    validity = _validity(null)
     nulls = int(null.sum()) if validity is not None else 0  # type: ignore[union-attr]
     return pa.StringArray.from_buffers(
         len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(text), validity, nulls
@@ -427,8 +427,7 @@ def _row_array(value_arrow: pa.DataType, flat: RowColumns) -> pa.Array:
             children.append(pa.array(values * 1000, type=place.type, mask=mask))
         elif pa.types.is_decimal(place.type):  # compact: the unscaled long, as 128 bits
             wide = np.column_stack([values, values >> 63]).astype("<i8")
-            validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if mask is not None else None
-            children.append(pa.Array.from_buffers(place.type, len(values), [validity, pa.py_buffer(wide.tobytes())]))
+            children.append(pa.Array.from_buffers(place.type, len(values), [_validity(null), pa.py_buffer(wide.tobytes())]))
         else:
             children.append(pa.array(values, type=place.type, mask=mask))
     return pa.StructArray.from_arrays(children, fields=list(value_arrow))
