@@ -379,3 +379,121 @@ def test_records_that_share_a_digest_but_differ_are_refused_not_dropped():
         _check_copies_equal(channels, found, order, first, group, subtasks)
     same = [(d, frame_channel(struct.pack(">i", 6) + b"\x01first")) for d in range(2)]
     _check_copies_equal(same, found, order, first, group, subtasks)  # equal bytes: copies indeed
+
+
+def generated_session(tmp_path: Path, channels: str) -> Session:
+    """A checkpoint at p=40 of many small channels (bench/generate.py), as a rescale at high
+    parallelism meets them."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from generate import FIXTURE, SCHEMA, generate
+
+    checkpoint = tmp_path / f"generated-{channels}"
+    generate(checkpoint, 40, 300_000, channels=channels)
+    return Session.open(str(checkpoint), str(SCHEMA), str(FIXTURE / "plan.json"))
+
+
+def routed_batches(session: Session, new_parallelism: int, dst: Path, monkeypatch, at_once: bool) -> tuple[list, dict, int]:
+    """``route_batch`` of the session's route tasks in batches of about eight, into ``dst``: what
+    each task's result holds, each file's bytes, and how many batches were routed at once."""
+    from ckpt_tool.engine import tasks as engine_tasks
+
+    exchanges = [e for e in session.described_exchanges if e.record_type or e.decoder]
+    metadata = session.checkpoint.metadata
+    specs = [
+        RouteSpec(e, new_parallelism, new_parallelism, metadata.operator(e.downstream_id).max_parallelism, "x") for e in exchanges
+    ]
+    tasks = list(route_tasks(session.checkpoint, exchanges, specs))
+    real, made = engine_tasks.routed_at_once, [0]
+
+    def counted(*args):
+        result = real(*args) if at_once else None
+        made[0] += result is not None
+        return result
+
+    monkeypatch.setattr(engine_tasks, "routed_at_once", counted)
+    dst.mkdir()
+    results = []
+    for start in range(0, len(tasks), 8):
+        for r in engine_tasks.route_batch(tasks[start : start + 8], specs, str(dst)):
+            p = r.placed
+            columns = (p.subtask.tolist(), p.size.tolist(), p.records.tolist(), p.digests, p.offsets.tolist(), p.bounds.tolist())
+            results.append((r.exchange_index, r.new_channel, r.file_name, r.file_size, columns, r.counters))
+    monkeypatch.setattr(engine_tasks, "routed_at_once", real)
+    return results, {f.name: f.read_bytes() for f in dst.iterdir()}, made[0]
+
+
+@pytest.mark.parametrize("name", FIXTURES + ["generated sparse", "generated dense"])
+@pytest.mark.parametrize("new_parallelism", [1, 3, 57])
+@pytest.mark.parametrize("chunk", [None, 1, 3000])
+def test_a_batch_routed_at_once_equals_each_task_routed(name, new_parallelism, chunk, tmp_path, monkeypatch):
+    """The route tasks of an engine task, routed in one pass over all their records
+    (``routed_at_once``: a rescale at p=4,096 has thousands of small tasks), write the same file
+    and give each task the same placements, digests and counters as each task routed on its own,
+    whether the file is laid out in one piece or a task or a few at a time (``chunk`` bytes).
+    Where an upstream subtask's channels may hold copies (``flink23-naive-p2``), the pass declines
+    and every task is routed on its own, which finds them."""
+    from ckpt_tool.engine import tasks as engine_tasks
+
+    if chunk is not None:
+        monkeypatch.setattr(engine_tasks, "AT_ONCE_CHUNK_BYTES", chunk)
+    if name.startswith("generated"):
+        session = generated_session(tmp_path, name.split()[1])
+    else:
+        session = session_of(name)
+    expected = routed_batches(session, new_parallelism, tmp_path / "alone", monkeypatch, at_once=False)
+    got = routed_batches(session, new_parallelism, tmp_path / "at-once", monkeypatch, at_once=True)
+    assert got[:2] == expected[:2]
+    if name.startswith("generated") and new_parallelism == 57:  # (to 1 and 3 its new channels fill buffers)
+        assert got[2] > 0
+    if name == "flink23-naive-p2":
+        assert got[2] == 0
+
+
+@pytest.mark.parametrize("name", FIXTURES + ["flink23-pojo-p2 keyed by note"])
+def test_upstream_subtasks_judged_together_as_each_alone(name, tmp_path):
+    """``together_key_groups`` of several upstream subtasks' channels at once declines exactly
+    where one of them, judged alone, declines (copies of records, or records outside their
+    holder's key groups record by record: here by a key that is not the job's)."""
+    from ckpt_tool.records.route import together_key_groups
+
+    if name.endswith(" keyed by note"):
+        fixture = fixture_named(name.split()[0])
+        schema = tmp_path / "schema.toml"
+        schema.write_text(Path(fixture.schema).read_text().replace('key = ["name"]', 'key = ["note"]'))
+        session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
+    else:
+        session = session_of(name)
+    decided = 0
+    with ChannelStateReader() as reader:
+        for task, spec, keys in typed_route_tasks(session, 3):
+            if keys is None:
+                continue
+            table = task.channels
+            old_parallelism = int(table.parallelism[task.exchange_index])
+            upstream = table.upstream.astype(np.int64)
+            cuts = np.flatnonzero(np.diff(upstream, prepend=-1)).tolist() + [len(table)]
+            alone = []
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                try:
+                    framed = read_framed(reader, table, a, b)
+                    alone.append(together_key_groups(framed, table.downstream[a:b], spec, keys, old_parallelism))
+                except NotTogether:
+                    alone.append(None)
+                except CkptError:
+                    alone = []
+                    break
+            if not alone:
+                continue
+            framed = read_framed(reader, table)
+            try:
+                groups = together_key_groups(framed, table.downstream, spec, keys, old_parallelism, upstream)
+            except NotTogether:
+                groups = None
+            if any(g is None for g in alone):
+                assert groups is None
+            else:
+                assert groups is not None and groups.tolist() == np.concatenate(alone).tolist()
+            decided += 1
+    assert decided

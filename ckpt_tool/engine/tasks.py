@@ -40,6 +40,7 @@ from ckpt_tool.engine.channels import ChannelTable, ChannelTask, narrow, ranges
 from ckpt_tool.engine.channels import channel_tasks as channel_tasks  # where the operations take it from
 from ckpt_tool.errors import CheckpointFormatError, CkptError, naming
 from ckpt_tool.flink.channel_state import (
+    BUFFER_SIZE,
     HEADER,
     BufferSource,
     ChannelStateReader,
@@ -55,7 +56,7 @@ from ckpt_tool.framing import framing as _framing
 from ckpt_tool.memory import reuse_memory
 from ckpt_tool.records.batch import ChannelRecords, FramedChannels, KeyGroups, Values, frame_channel, frame_joined
 from ckpt_tool.records.elements import WATERMARK
-from ckpt_tool.records.keys import key_group_range
+from ckpt_tool.records.keys import key_group_range, operator_index_for_key_group
 from ckpt_tool.records.route import (
     NotTogether,
     RouteCounters,
@@ -63,6 +64,7 @@ from ckpt_tool.records.route import (
     route_channel_in_pieces,
     route_together,
     route_upstream,
+    together_key_groups,
 )
 from ckpt_tool.records.scan import DIGEST_BYTES, FIGURES, ChannelScan, ScanColumns, holding_keys, scan_records
 from ckpt_tool.records.schema import Exchange
@@ -1002,6 +1004,10 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
 
         def chunks() -> Iterator[Any]:
             yield from writer.start()
+            at_once = routed_at_once(tasks, specs, whole, windows) if windows is not None else None
+            if at_once is not None:
+                yield from at_once.write(writer, results)
+                return
             position = 0
             for task, result in zip(tasks, results):
                 mine = TaskWindow(windows, position) if windows is not None else None
@@ -1012,6 +1018,137 @@ def route_batch(tasks: list[RouteTask], specs: list[RouteSpec], dst: str) -> lis
     for result in results:
         result.file_size = writer.size
     return results
+
+
+# A batch routed at once (``RoutedAtOnce``) is laid out this many bytes of its tasks at a time: the
+# copies stay in the heap an engine task keeps (``reuse_memory``), not mapped and zeroed afresh.
+AT_ONCE_CHUNK_BYTES = 4 << 20
+
+
+@dataclass
+class RoutedAtOnce:
+    """An engine task's route tasks routed in one NumPy pass over all their records
+    (``routed_at_once``): the records of piece i (one task's records for one new subtask, task
+    by task, subtasks ascending) are ``chosen[firsts[i]:firsts[i + 1]]`` of ``framed``."""
+
+    tasks: list[RouteTask]
+    new_parallelism: int
+    framed: FramedChannels
+    chosen: np.ndarray
+    keys: np.ndarray  # each piece's task * new_parallelism + new subtask
+    firsts: np.ndarray
+    payload: np.ndarray  # each piece's bytes
+    records_in: np.ndarray  # per task
+    bytes_in: np.ndarray
+    dropped: np.ndarray
+
+    def write(self, writer: ChannelStateWriter, results: list[RoutedFile]) -> Iterator[memoryview]:
+        """The bytes of every task's file after what ``writer`` holds, made at once
+        (``small_channels_file``) a few MiB of tasks at a time, and each task's placements and
+        counters in ``results``."""
+        records = self.framed.records
+        piece_task = self.keys // self.new_parallelism
+        task_pieces = np.searchsorted(piece_task, np.arange(len(self.tasks) + 1))
+        piece_bytes = np.zeros(len(self.payload) + 1, dtype=np.int64)
+        np.cumsum(self.payload, out=piece_bytes[1:])
+        task_bytes = piece_bytes[task_pieces]  # before each task
+        task = 0
+        while task < len(self.tasks):
+            stop = max(task + 1, int(np.searchsorted(task_bytes, task_bytes[task] + AT_ONCE_CHUNK_BYTES, side="right")) - 1)
+            a, b = int(task_pieces[task]), int(task_pieces[stop])
+            chosen = self.chosen[self.firsts[a] : self.firsts[b]]
+            data = _framing.gather(records.data, records.starts[chosen], records.ends[chosen])
+            ends = piece_bytes[a + 1 : b + 1] - piece_bytes[a]
+            small = small_channels_file(
+                Pieces(self.keys[a:b], data, ends - self.payload[a:b], ends, np.diff(self.firsts[a : b + 1]))
+            )
+            assert small is not None  # no piece fills a buffer (``routed_at_once``)
+            shift, rest = writer.append(small.data)
+            placed = _placed_small(small, shift)
+            subtasks = narrow(small.targets.astype(np.int64) % self.new_parallelism)
+            for index in range(task, stop):
+                first, last = int(task_pieces[index]) - a, int(task_pieces[index + 1]) - a
+                begin, end = int(placed.bounds[first]), int(placed.bounds[last])
+                results[index].placed = Placed(
+                    subtasks[first:last],
+                    placed.size[first:last],
+                    placed.records[first:last],
+                    placed.digests[first * ROUTED_DIGEST : last * ROUTED_DIGEST],
+                    placed.offsets[begin:end],
+                    narrow(placed.bounds[first : last + 1].astype(np.int64) - begin),
+                )
+                counters = results[index].counters
+                counters.records_in += int(self.records_in[index])
+                counters.bytes_in += int(self.bytes_in[index])
+                counters.non_records_dropped += int(self.dropped[index])
+            yield rest
+            task = stop
+
+
+def routed_at_once(
+    tasks: list[RouteTask], specs: list[RouteSpec], whole: ChannelTable, windows: ReadWindows
+) -> Optional[RoutedAtOnce]:
+    """The route tasks of an engine task routed in one NumPy pass over all their records (a
+    rescale at p=4,096 has thousands of small tasks, each of a few upstream subtasks' channels: a
+    pass per upstream subtask and a file made per task cost more than their records), where every
+    task is of one keyed exchange, its upstream subtasks' channels are routed together
+    (``route_together``) and its file is made at once (``small_channels_file``). Its ``write``
+    gives the same bytes, placements and counts as ``route_task`` of each task. Else None, and
+    nothing counted: each task is then routed on its own, which names what does not fit."""
+    exchanges = {task.exchange_index for task in tasks}
+    if len(exchanges) != 1 or any(task.size > COLLECT_BYTES for task in tasks):
+        return None
+    reuse_memory()
+    spec = specs[tasks[0].exchange_index]
+    keys = key_groups_of(spec.exchange, spec.max_parallelism)
+    if keys is None or not len(whole):
+        return None
+    # each upstream subtask's channels in each task: one group (the tasks' rows one after another)
+    task_of_row = np.repeat(np.arange(len(tasks), dtype=np.int64), [len(task.channels) for task in tasks])
+    upstream = whole.upstream.astype(np.int64)
+    starts = np.flatnonzero(np.diff(upstream, prepend=-1) | np.diff(task_of_row, prepend=-1))
+    if (np.add.reduceat(whole.size.astype(np.int64), starts) > SMALL_CHANNEL * np.diff(np.append(starts, len(whole)))).any():
+        return None  # some upstream subtask's channels are large: one by one
+    group_of_row = np.zeros(len(whole), dtype=np.int64)
+    group_of_row[starts] = 1
+    np.cumsum(group_of_row, out=group_of_row)
+    group_of_row -= 1
+    framed = windows.part(0, len(whole))
+    if framed is None or framed.trailing.any():
+        return None
+    records, channel = framed.records, framed.channel
+    try:
+        check_values(records, spec.exchange, keys)
+        old_parallelism = int(whole.parallelism[tasks[0].exchange_index])
+        groups = together_key_groups(framed, whole.downstream, spec, keys, old_parallelism, group_of_row)
+    except (CkptError, NotTogether):
+        return None
+    is_record = records.is_record
+    record_task = task_of_row[channel[is_record]]
+    # each task's records by new subtask (stable: a subtask's records channel by channel, as routed)
+    new_parallelism = spec.new_downstream_parallelism
+    piece_key = record_task * new_parallelism + operator_index_for_key_group(spec.max_parallelism, new_parallelism, groups)
+    order = np.argsort(piece_key, kind="stable")
+    ordered_key = piece_key[order]
+    firsts = np.flatnonzero(np.diff(ordered_key, prepend=-1))
+    chosen = np.flatnonzero(is_record)[order]
+    lengths = (records.ends - records.starts)[chosen].astype(np.int64)
+    payload = np.add.reduceat(lengths, firsts) if len(firsts) else np.zeros(0, dtype=np.int64)
+    if (payload >= BUFFER_SIZE).any():
+        return None  # some new channel fills a buffer: streamed
+    record_lengths = (records.ends - records.starts)[is_record]
+    return RoutedAtOnce(
+        tasks,
+        new_parallelism,
+        framed,
+        chosen,
+        ordered_key[firsts],
+        np.append(firsts, len(chosen)),
+        payload,
+        np.bincount(record_task, minlength=len(tasks)),
+        np.bincount(record_task, weights=record_lengths, minlength=len(tasks)).astype(np.int64),
+        np.bincount(task_of_row[channel[~is_record]], minlength=len(tasks)),
+    )
 
 
 def batch_file_name(tasks: list[RouteTask]) -> str:

@@ -212,22 +212,50 @@ def route_together(
     columns (``Pieces``, which iterate as those tuples).
     Raises NotTogether where records may be held twice (nothing is counted then); a CkptError
     where the records do not fit (``route_upstream`` of the channels says which)."""
+    groups = None if keys is None else together_key_groups(framed, downstreams, spec, keys, old_parallelism)
+    return _routed_pieces(framed, downstreams, spec, groups, counters)
+
+
+def together_key_groups(
+    framed: FramedChannels,
+    downstreams: np.ndarray,
+    spec: RouteSpec,
+    keys: KeyGroups,
+    old_parallelism: int,
+    upstream_of_channel: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """The key groups of the framed channels' records, where ``route_together`` may route them
+    together: raises NotTogether where an upstream subtask's channels may hold copies of records
+    (a key group that several of its old downstream subtasks hold) or hold records outside their
+    holder's key groups record by record (``route_upstream`` then refuses them, naming them).
+    The channels are one upstream subtask's, or, with ``upstream_of_channel`` (a number per
+    channel), several upstream subtasks', each judged on its own."""
     records, channel = framed.records, framed.channel
     is_record = records.is_record
     record_channel = channel[is_record]
-    groups = None
-    if keys is not None:
-        groups = keys.of(records, is_record).astype(np.int64)
-        owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
-        stray = int((owners != downstreams[record_channel]).sum())
-        if stray:  # where every record lies in its key group's subtask, no group is held twice
-            held = np.unique(downstreams[record_channel] * spec.max_parallelism + groups) % spec.max_parallelism
-            if len(held) != len(np.unique(held)):  # a key group held by several old subtasks: maybe copies
-                raise NotTogether()
-        switches = int(((owners[1:] != owners[:-1]) & (record_channel[1:] == record_channel[:-1])).sum())
-        if 4 * stray > len(groups) and 4 * switches > len(groups):
-            raise NotTogether()  # refused, with its message, by route_upstream
-    return _routed_pieces(framed, downstreams, spec, groups, counters)
+    groups = keys.of(records, is_record).astype(np.int64)
+    held_by = downstreams[record_channel].astype(np.int64)
+    owners = operator_index_for_key_group(spec.max_parallelism, old_parallelism, groups)
+    astray = owners != held_by
+    if not astray.any():  # every record in its key group's subtask: no group is held twice
+        return groups
+    if upstream_of_channel is None:
+        upstream = np.zeros(len(groups), dtype=np.int64)
+    else:
+        upstream = upstream_of_channel[record_channel].astype(np.int64)
+    # a key group held by several old subtasks of one upstream subtask's channels: maybe copies
+    held = np.unique((upstream * old_parallelism + held_by) * spec.max_parallelism + groups)
+    by_upstream = held // (old_parallelism * spec.max_parallelism) * spec.max_parallelism + held % spec.max_parallelism
+    if len(by_upstream) != len(np.unique(by_upstream)):
+        raise NotTogether()
+    count = int(upstream.max()) + 1
+    stray = np.bincount(upstream[astray], minlength=count)
+    switched = (owners[1:] != owners[:-1]) & (record_channel[1:] == record_channel[:-1])
+    switches = np.bincount(upstream[1:][switched], minlength=count)
+    records_of = np.bincount(upstream, minlength=count)
+    if ((4 * stray > records_of) & (4 * switches > records_of)).any():
+        raise NotTogether()  # refused, with its message, by route_upstream
+    return groups
 
 
 def route_channel_in_pieces(
