@@ -54,6 +54,7 @@ from ckpt_tool.flink.model import (
     channels_of,
 )
 from ckpt_tool.flink.operator_state import refuse_unsound_operator_state
+from ckpt_tool.flink.plan import refuse_mixed_max_parallelism
 from ckpt_tool.flink.uids import refuse_mismatched_uids
 from ckpt_tool.memory import release_memory
 from ckpt_tool.planning import RescalePlan, gates_in
@@ -252,6 +253,7 @@ def rewrite(session: Session, dst: str, plan: RescalePlan, dry_run: bool = False
     refuse_misplaced_key_groups(session.checkpoint)  # the state it copies would not restore
     refuse_unsound_operator_state(session.checkpoint)
     refuse_mismatched_uids(session.checkpoint.metadata)  # state Flink's restore would not map to its operator
+    refuse_mixed_max_parallelism(session.plan, session.checkpoint.metadata)  # nor read at its max parallelism
     refuse_unsound_carried(session.checkpoint, plan)  # nor the in-flight data it keeps as it was
     if dry_run:
         return _rewrite(session, dst, plan, None)

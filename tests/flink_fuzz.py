@@ -65,7 +65,14 @@ descriptor that represents no state", ckpt's output restoring with the exact 60,
 an operator's id in metadata without uids). Then (``flink23-filemerging-rocksdb-p2``, seed 94: 29
 OK, one DIFF) a file-merging operator-state handle's task-owned directory holding NULs, on which
 Flink's restore fails (``URISyntaxException``) and which ckpt had rescaled with exit 0: now refused
-as the metadata is read. In each
+as the metadata is read. Nothing new in ``flink120-maxp32768-p2`` (seed 95: 600 mutations, 363
+refused, two DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "Cannot get old
+subtasks from a descriptor that represents no state", ckpt's output restoring with the exact
+60,010). Then (``flink23-updates-p2``, seed 96: 18 OK, 20 refused, a SAME-FAIL on an operator's
+id, and a DIFF of a subtask index) a chained operator's max parallelism altered (128 to 129), on
+which both restores fail ("KeyGroupRange{...} does not contain key group"), ckpt having rescaled it
+with exit 0: the operators of one chain at different max parallelisms are now refused (with
+``--plan``; ``verify``'s ``parallelism``). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or

@@ -604,3 +604,67 @@ def test_a_file_merging_directory_holding_a_nul_is_refused_as_the_metadata_is_re
     code, _, err = ckpt("inspect", job / fixture.checkpoint.name)
     what = {"task_owned_dir": "task-owned directory", "shared_dir": "shared directory"}[directory]
     assert code == 2 and len(err.strip().splitlines()) == 1 and f"{what} holds a NUL character" in err, err
+
+
+# --- the operators of one chain at different max parallelisms ----------------------------------
+
+
+def mix_max_parallelism(metadata, uid: str = "up-final-filter", value: int = 129) -> str:
+    """The max parallelism of the operator with ``uid`` set to ``value`` (its chain's others kept),
+    as the fuzzer's seed 96 altered it; returns the message ckpt gives."""
+    op = next(o for o in metadata.operators if o.uid == uid)
+    op.max_parallelism = value
+    return "the operators of one chain have different max parallelisms (up-slow-count 128, up-final-filter 129)"
+
+
+def test_every_chain_flink_wrote_has_one_max_parallelism():
+    """Flink writes every operator of a job vertex with the vertex's max parallelism: no fixture
+    with a plan has a chain flagged."""
+    from ckpt_tool.flink.plan import chain_max_parallelism_problems, load_job_plan
+
+    chained = 0
+    for fixture in ALL_FIXTURES + CLAIMED:
+        if not fixture.plan:
+            continue
+        metadata = Checkpoint.open(str(fixture.checkpoint)).metadata
+        plan = load_job_plan(str(fixture.plan), metadata)
+        assert list(chain_max_parallelism_problems(plan, metadata)) == [], fixture.name
+        chained += any(len(v.members) > 1 for v in plan.vertices.values())
+    assert chained >= 10
+
+
+def test_a_chain_at_two_max_parallelisms_is_named_and_refused(ckpt, tmp_path):
+    """``verify`` names the chain (its ``parallelism`` check: the checkpoint is unusable, exit 2),
+    ``rescale`` and ``repair`` refuse it (exit 2): the fuzzer's altered max parallelism of a
+    chained operator (seed 96), which ckpt had rescaled with exit 0 into a checkpoint Flink fails on."""
+    fixture = fixture_named("flink23-updates-p2")
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    expected = mix_max_parallelism(metadata)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    code, out, _ = ckpt("verify", checkpoint, "--plan", fixture.plan, "--json")
+    report = json.loads(out)
+    problems = [(p["check"], p["operator"]) for p in report["problems"]]
+    assert code == 2 and problems == [("parallelism", "up-slow-count")], report["problems"]
+    assert expected in report["problems"][0]["message"]
+    code, out, _ = ckpt("verify", checkpoint, "--json")  # without a plan the chains are not known
+    assert code == 0, out
+    rescale_and_repair_refuse(ckpt, tmp_path, checkpoint, fixture, expected, "Flink would not restore it: refused")
+
+
+@pytest.mark.flink
+def test_flink_fails_on_a_chain_at_two_max_parallelisms(tmp_path):
+    """Real Flink 2.3 fails to restore the checkpoint ckpt refuses: it takes the chain's max
+    parallelism from its operators' state one after another, and reads the keyed state written at
+    128 by the key groups of 129."""
+    fixture = fixture_named("flink23-updates-p2")
+    source = Checkpoint.open(str(fixture.checkpoint))
+    info = fixture.info
+    metadata = copy.deepcopy(source.metadata)
+    mix_max_parallelism(metadata)
+    checkpoint = tmp_path / "job" / fixture.checkpoint.name
+    write_checkpoint(source, metadata, str(checkpoint), {})
+    with pytest.raises(RuntimeError, match=r"KeyGroupRange\{startKeyGroup=\d+, endKeyGroup=\d+\} does not contain key group"):
+        flink_env.restore_count(info["flink_version"], checkpoint, 3, backend=info["backend"], timeout=300)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ckpt_tool.errors import CheckpointFormatError
 from ckpt_tool.flink.model import UPPER_BOUND_MAX_PARALLELISM, CheckpointMetadata, GateFigures, OperatorState, handle_gates
 from ckpt_tool.flink.uids import refuse_mismatched_uids
 from ckpt_tool.input_files import LIST, NON_NEGATIVE, OBJECT, STRING, Expected, InputFileError, checked, checked_key
@@ -102,6 +104,32 @@ def load_job_plan(path: str, metadata: CheckpointMetadata) -> JobPlan:
         if tail and tail not in vertices[vertex_id].members:
             vertices[vertex_id].members.append(tail)
     return JobPlan(vertices)
+
+
+def chain_max_parallelism_problems(plan: JobPlan, metadata: CheckpointMetadata) -> Iterator[tuple[str, str]]:
+    """(chain, message) for each chain of the plan whose operators the checkpoint holds with
+    different max parallelisms. Flink writes every operator of a job vertex with the vertex's
+    (``DefaultCheckpointPlan``, ``PendingCheckpoint``), and its restore adopts each operator's in
+    turn as the vertex's where it may (``StateAssignmentOperation#checkParallelismPreconditions``),
+    then assigns the vertex's keyed state and filters its in-flight records by the key groups of
+    whichever came last: state written at one max parallelism would be read at another."""
+    operators = {op.id_hex: op for op in metadata.operators}
+    for vertex in plan.vertices.values():
+        members = [operators[m] for m in vertex.members if m in operators]
+        if len({op.max_parallelism for op in members}) > 1:
+            listed = ", ".join(f"{op.label} {op.max_parallelism}" for op in members)
+            yield (
+                vertex.label,
+                f"the operators of one chain have different max parallelisms ({listed}), which Flink never writes "
+                "(a chain has one); its restore would assign the chain's keyed state and in-flight records by the key "
+                "groups of one of them (Flink: KeyGroupRange{...} does not contain key group ...)",
+            )
+
+
+def refuse_mixed_max_parallelism(plan: Optional[JobPlan], metadata: CheckpointMetadata) -> None:
+    """Raise, naming the chain, where its operators have different max parallelisms."""
+    for label, message in chain_max_parallelism_problems(plan, metadata) if plan else ():
+        raise CheckpointFormatError(f"chain {label}: {message}; Flink would not restore it: refused")
 
 
 def load_target_plan(path: str) -> dict[str, PlanVertex]:

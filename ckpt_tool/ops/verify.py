@@ -37,7 +37,7 @@ from ckpt_tool.flink.model import (
     RelativeFileHandle,
 )
 from ckpt_tool.flink.operator_state import operator_state_problems
-from ckpt_tool.flink.plan import JobPlan, PlanVertex
+from ckpt_tool.flink.plan import JobPlan, PlanVertex, chain_max_parallelism_problems
 from ckpt_tool.flink.uids import uid_problems
 from ckpt_tool.planning import plan_rescale
 from ckpt_tool.session import Session
@@ -381,7 +381,9 @@ def check_operator_ids(cp: Checkpoint) -> CheckResult:
 
 def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> list[CheckResult]:
     parallelism = CheckResult(
-        "parallelism", "parallelism within max parallelism, subtask indexes within parallelism", unusable=True
+        "parallelism",
+        "parallelism within max parallelism, subtask indexes within parallelism (with --plan: one max parallelism per chain)",
+        unusable=True,
     )
     finished = CheckResult(
         "finished-markers", "FLIP-147 finished markers are consistent (with --plan: as Flink checks them)", unusable=True
@@ -396,6 +398,8 @@ def check_parallelism_and_finished(cp: Checkpoint, plan: Optional[JobPlan]) -> l
             parallelism.problems.append(Problem("parallelism", f"subtask indexes {sorted(indexes)}", op.label))
         if op.fully_finished and op.coordinator_state is not None:
             finished.problems.append(Problem("finished-markers", "fully finished but has coordinator state", op.label))
+    for label, message in chain_max_parallelism_problems(plan, cp.metadata) if plan else ():
+        parallelism.problems.append(Problem("parallelism", message, label))
     markers = {op.id_hex: op.finished for op in cp.metadata.operators}
     problem = finished_state_problem(plan, markers.get) if plan else None
     if problem:
