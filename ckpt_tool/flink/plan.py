@@ -115,7 +115,11 @@ def chain_max_parallelism_problems(plan: JobPlan, metadata: CheckpointMetadata) 
     whichever came last: state written at one max parallelism would be read at another."""
     operators = {op.id_hex: op for op in metadata.operators}
     for vertex in plan.vertices.values():
-        members = [operators[m] for m in vertex.members if m in operators]
+        # the chain's operators for sure: its head, and the others by name (a tail found by what fits
+        # the metadata, where it holds no names, may be another chain's)
+        members = [
+            operators[m] for m in vertex.members if m in operators and (m == vertex.id or operators[m].name in vertex.chain)
+        ]
         if len({op.max_parallelism for op in members}) > 1:
             listed = ", ".join(f"{op.label} {op.max_parallelism}" for op in members)
             yield (
