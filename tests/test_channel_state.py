@@ -241,9 +241,25 @@ def test_a_span_of_buffers_reads_as_the_mapped_file_gives_it(tmp_path):
     assert not both(offsets, [5], str(path.with_name("short")))  # "runs past the end", as mapped
     path.with_name("header").write_bytes(b"\x00\x00\x00\x01" + data[4:])
     assert not both(offsets[:1], [1], str(path.with_name("header")))  # "bad header", as mapped
-    large = HEADER + frame(b"x" * 10, b"y" * (channel_state.SPAN_LIMIT + 10), b"z")
+    large = HEADER + frame(b"x" * 10, b"y" * (2 * channel_state.SPAN_LIMIT + 10), b"z")
     path.with_name("large").write_bytes(large)
-    assert not both([4, 18, 18 + 4 + channel_state.SPAN_LIMIT + 10], [3], str(path.with_name("large")))
+    assert not both([4, 18, 18 + 4 + 2 * channel_state.SPAN_LIMIT + 10], [3], str(path.with_name("large")))
+    # buffers far apart are read as runs (not the span between them), as the mapped read gives them
+    gap = b"g" * (channel_state.SPAN_GAP + 1)
+    runs = [b"p" * 5, b"q" * 2, gap, b"r" * 3, gap, b"s" * 4]
+    at, starts = len(HEADER), []
+    for buffer in runs:
+        starts.append(at)
+        at += 4 + len(buffer)
+    path.with_name("runs").write_bytes(HEADER + frame(*runs))
+    far = [starts[0], starts[1], starts[3], starts[5]]
+    assert both(far, [2, 1, 1], str(path.with_name("runs")))
+    assert both([far[3], far[0], far[2]], [1, 1, 1], str(path.with_name("runs")))
+    # a buffer whose length runs past the end of its run (into bytes no run read): the mapped path
+    overlapping = bytearray(HEADER + frame(*runs))
+    overlapping[starts[0] : starts[0] + 4] = (channel_state.SPAN_SLACK + 100).to_bytes(4, "big")  # into the gap
+    path.with_name("overlapping").write_bytes(bytes(overlapping))
+    assert not both([starts[0], starts[1], starts[3]], [1, 2], str(path.with_name("overlapping")))
     with pytest.raises(StorageError, match="cannot read"):
         both(offsets, [5], str(tmp_path / "missing"))
     # the header is read once per process for a file as it is; a file changed in place since is read again

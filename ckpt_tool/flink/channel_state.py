@@ -44,6 +44,7 @@ BUFFER_SIZE = 32 * 1024  # Flink's default network buffer (memory segment) size
 _LENGTH = struct.Struct(">i")
 SPAN_SLACK = 4096  # read past the last buffer's length field: at high parallelism buffers are small
 SPAN_LIMIT = 1 << 20  # a span read into memory at most (about): a larger one is mapped, paged in as read
+SPAN_GAP = 64 << 10  # buffers of a file further apart than this are read as separate runs
 # local files whose header this process has read, by device, inode, size and modification time (a
 # rescale at p=4,096 reads a span of each of 4,096 files in each of its tasks: the header once, not
 # once a task); forked workers inherit it
@@ -161,11 +162,14 @@ class ChannelStateReader:
         return blob, np.frombuffer(found, dtype=np.int64), _lengths_at(data, at) if lengths else None
 
     def _span_payloads(self, source: BufferSource, counts: np.ndarray) -> Optional[tuple[bytes, np.ndarray, None]]:
-        """``grouped_payloads`` without lengths of a local file not mapped yet, from the span of its
-        buffers read into memory (with the header): a task of a rescale at p=4,096 reads a few kB
-        of each of 4,096 files, where mapping each file costs more than reading its span. None where
-        the span is over about ``SPAN_LIMIT`` or does not read cleanly: the mapped path then reads
-        the file and says what is wrong, in its words."""
+        """``grouped_payloads`` without lengths of a local file not mapped yet, from the spans of
+        its buffers read into memory (with the header): a task of a rescale at p=4,096 reads a few
+        kB of each of 4,096 files, where mapping each file costs more than reading its spans. The
+        buffers are read in runs, a new one where the next buffer lies more than SPAN_GAP bytes on
+        (a route task's upstream subtasks u and u + p' lie far apart in a downstream subtask's file:
+        one span from the first to the last read most of every file for each task). None where
+        the runs hold over about ``SPAN_LIMIT`` bytes or do not read cleanly: the mapped path then
+        reads the file and says what is wrong, in its words."""
         location = source.location
         if source.inline is not None or source.segment or location is None or location in self._mapped:
             return None
@@ -175,19 +179,19 @@ class ChannelStateReader:
         if not isinstance(io, LocalFileIO):
             return None
         at = np.asarray(source.offsets, dtype=np.int64)
-        first, last = int(at.min()), int(at.max())
-        if first < len(HEADER) or last - first > SPAN_LIMIT:
+        low, high = int(at.min()), int(at.max())
+        if high - low <= SPAN_GAP:  # one run (a few kB of a file, as at high parallelism)
+            firsts, lasts = [low], [high]
+        else:
+            ordered = np.sort(at)
+            cuts = np.flatnonzero(np.diff(ordered) > SPAN_GAP) + 1
+            firsts = ordered[np.concatenate([[0], cuts])].tolist()
+            lasts = ordered[np.concatenate([cuts - 1, [len(ordered) - 1]])].tolist()
+        if low < len(HEADER) or sum(lasts) - sum(firsts) > SPAN_LIMIT:
             return None
 
-        def span(read) -> Optional[bytes]:
-            identity = getattr(read, "identity", None)
-            if identity is None or identity not in _HEADED:
-                if read(0, len(HEADER)) != HEADER:
-                    return None
-                if identity is not None:
-                    if len(_HEADED) >= MAX_HEADED:
-                        _HEADED.clear()
-                    _HEADED.add(identity)
+        def run(read, first: int, last: int) -> Optional[bytes]:
+            """The bytes from the buffer at ``first`` to the end of the one at ``last``."""
             wanted = last + len(HEADER) - first  # up to the last buffer's length, and a page more
             data = read(first, wanted + SPAN_SLACK)
             if len(data) < wanted:
@@ -199,11 +203,40 @@ class ChannelStateReader:
                 data += read(first + len(data), wanted + length - len(data))
             return data if wanted + length <= len(data) else None
 
-        data = io.read_spans(location, span)
-        if data is None:
+        def spans(read) -> Optional[list[bytes]]:
+            identity = getattr(read, "identity", None)
+            if identity is None or identity not in _HEADED:
+                if read(0, len(HEADER)) != HEADER:
+                    return None
+                if identity is not None:
+                    if len(_HEADED) >= MAX_HEADED:
+                        _HEADED.clear()
+                    _HEADED.add(identity)
+            found, total = [], 0
+            for first, last in zip(firsts, lasts):
+                data = run(read, first, last)
+                total += 0 if data is None else len(data)
+                if data is None or total > 2 * SPAN_LIMIT:
+                    return None
+                found.append(data)
+            return found
+
+        runs = io.read_spans(location, spans)
+        if not isinstance(runs, list):
             return None
+        if len(runs) == 1:
+            data, at = runs[0], at - low
+        else:  # the runs joined, each buffer where its run lies in them, and ending inside its run
+            data = b"".join(runs)
+            sizes = np.array([len(r) for r in runs], dtype=np.int64)
+            ends = np.cumsum(sizes)
+            which = np.searchsorted(np.array(firsts), at, side="right") - 1
+            at = at - np.array(firsts)[which] + (ends - sizes)[which]
+            inside = at + len(HEADER) <= ends[which]  # (the bytes after its run are not the file's)
+            if not inside.all() or (at + len(HEADER) + _lengths_at(data, at) > ends[which]).any():
+                return None
         try:
-            blob, found = _framing.payloads_many(data, at - first, np.asarray(counts, dtype=np.int64))
+            blob, found = _framing.payloads_many(data, at, np.asarray(counts, dtype=np.int64))
         except ValueError:
             return None
         return blob, np.frombuffer(found, dtype=np.int64), None
