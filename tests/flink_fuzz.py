@@ -72,7 +72,13 @@ subtasks from a descriptor that represents no state", ckpt's output restoring wi
 id, and a DIFF of a subtask index) a chained operator's max parallelism altered (128 to 129), on
 which both restores fail ("KeyGroupRange{...} does not contain key group"), ckpt having rescaled it
 with exit 0: the operators of one chain at different max parallelisms are now refused (with
-``--plan``; ``verify``'s ``parallelism``). In each
+``--plan``; ``verify``'s ``parallelism``). Then (``flink120-rocksdb-p2``, seed 97: 15 DIFF, 3
+refused, each DIFF Flink 1.20.3 failing to rescale its own checkpoint) a RocksDB handle's key-group
+count altered below 1: ckpt's output restored with 58,898 of 60,010 (Flink 2.3 loses state alike at
+a new parallelism): a keyed handle whose range is empty, outside the operator's key groups or
+sharing none with its subtask's is now refused (``key-group-offsets``); and a RocksDB file's local
+path altered, on which ckpt's output fails (``No such file or directory``): not decoded (RocksDB's
+manifest names its files), left. In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or

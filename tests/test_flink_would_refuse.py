@@ -668,3 +668,52 @@ def test_flink_fails_on_a_chain_at_two_max_parallelisms(tmp_path):
     write_checkpoint(source, metadata, str(checkpoint), {})
     with pytest.raises(RuntimeError, match=r"KeyGroupRange\{startKeyGroup=\d+, endKeyGroup=\d+\} does not contain key group"):
         flink_env.restore_count(info["flink_version"], checkpoint, 3, backend=info["backend"], timeout=300)
+
+
+# --- a keyed handle's key-group range -----------------------------------------------------------
+
+
+def mis_range(metadata, fault: str) -> str:
+    """slow-count's subtask 0 keyed handle given an empty key-group range (a count below 1, as the
+    fuzzer's seed 97 altered it) or subtask 1's range (none of its own); returns what ckpt says."""
+    handle = next(o for o in metadata.operators if o.uid == SLOW_COUNT).subtasks[0].managed_keyed
+    if fault == "empty":
+        handle.num_key_groups = -83886016
+        return "managed keyed state: its key-group range (from 0, -83886016 key groups) is empty"
+    handle.start_key_group = 64
+    return "managed keyed state: its key groups 64..127 are none of the subtask's own 0..63"
+
+
+@pytest.mark.parametrize("fault", ["empty", "foreign"])
+def test_a_keyed_handle_outside_its_subtasks_key_groups_is_named_and_refused(ckpt, tmp_path, fault):
+    """``verify`` names the handle (``key-group-offsets``, exit 1), ``rescale`` and
+    ``repair`` refuse it (exit 2): Flink assigns keyed state by the handle's range, and ckpt had
+    rescaled the empty one with exit 0, state lost (fuzz seed 97: 58,898 of 60,010 restored)."""
+    fixture = fixture_named("flink23-rocksdb-p2")
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    expected = mis_range(metadata, fault)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    code, out, _ = ckpt("verify", checkpoint, "--json")
+    problems = [p for p in json.loads(out)["problems"] if p["check"] == "key-group-offsets"]
+    assert code == 1 and [(p["operator"], p["subtask"]) for p in problems] == [(SLOW_COUNT, 0)], problems
+    assert problems[0]["message"].startswith(expected), problems
+    rescale_and_repair_refuse(ckpt, tmp_path, checkpoint, fixture, expected, "Flink's restore would fail on it: refused")
+
+
+@pytest.mark.flink
+def test_flink_loses_the_state_of_a_keyed_handle_with_an_empty_range(tmp_path):
+    """Real Flink 2.3 restores the checkpoint ckpt refuses at its own parallelism exactly (it keeps
+    each subtask's handles there), and at a new one with state lost: no subtask gets the handle."""
+    fixture = fixture_named("flink23-rocksdb-p2")
+    source = Checkpoint.open(str(fixture.checkpoint))
+    info = fixture.info
+    metadata = copy.deepcopy(source.metadata)
+    mis_range(metadata, "empty")
+    checkpoint = tmp_path / "job" / fixture.checkpoint.name
+    write_checkpoint(source, metadata, str(checkpoint), {})
+    restore = functools.partial(flink_env.restore_count, info["flink_version"], checkpoint, backend=info["backend"], timeout=300)
+    assert restore(info["parallelism"]) == info["source_records"]
+    assert restore(3) < info["source_records"]

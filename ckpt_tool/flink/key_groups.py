@@ -62,6 +62,10 @@ def key_group_problems(checkpoint: Checkpoint, read_files: bool = True) -> Itera
     for op in checkpoint.metadata.operators:
         for subtask in op.subtasks:
             for kind, keyed in (("managed", subtask.managed_keyed), ("raw", subtask.raw_keyed)):
+                message = _range_problem(keyed, op.max_parallelism, op.parallelism, subtask.index)
+                if message:
+                    yield op.label, subtask.index, f"{kind} keyed state: {message}"
+                    continue
                 for handle in _key_groups_handles(keyed):
                     try:
                         message = _problem(checkpoint, handle, kind == "managed", read_files)
@@ -69,6 +73,32 @@ def key_group_problems(checkpoint: Checkpoint, read_files: bool = True) -> Itera
                         continue
                     if message:
                         yield op.label, subtask.index, f"{kind} keyed state: {message}"
+
+
+def _range_problem(keyed, max_parallelism: int, parallelism: int, index: int) -> Optional[str]:
+    """What is wrong with a keyed handle's key-group range, in words, or None. Flink's snapshot of
+    a subtask covers its own range (``computeKeyGroupRangeForOperatorIndex``), and a rescale gives a
+    subtask the handles that share key groups with its range; a rescale assigns state by the
+    handle's range, so an empty range (``KeyGroupRange.of`` of a count below 1), or one outside the
+    operator's key groups or sharing none with the subtask's, loses the state or misplaces it."""
+    groups = getattr(keyed, "key_groups", None)
+    if not isinstance(groups, range):
+        return None
+    if not len(groups):
+        count = groups.stop - groups.start
+        return (
+            f"its key-group range (from {groups.start}, {count} key groups) is empty: Flink assigns its state to "
+            "no subtask at a rescale (KeyGroupRange.of), and the state is lost"
+        )
+    own_start = (index * max_parallelism + parallelism - 1) // parallelism
+    own_stop = ((index + 1) * max_parallelism - 1) // parallelism + 1
+    if groups.start < 0 or groups.stop > max_parallelism or groups.stop <= own_start or groups.start >= own_stop:
+        return (
+            f"its key groups {groups.start}..{groups.stop - 1} are none of the subtask's own "
+            f"{own_start}..{own_stop - 1} (max parallelism {max_parallelism}, parallelism {parallelism}): Flink "
+            "assigns keyed state by its key groups, not by the subtask holding it"
+        )
+    return None
 
 
 def refuse_misplaced_key_groups(checkpoint: Checkpoint) -> None:

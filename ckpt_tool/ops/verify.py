@@ -352,7 +352,10 @@ def check_changelog(cp: Checkpoint, files_ok: bool) -> CheckResult:
 def check_key_groups(cp: Checkpoint, files_ok: bool) -> CheckResult:
     """Each key group of keyed state where its handle says, as Flink's restore reads it
     (``key_group_problems``)."""
-    result = CheckResult("key-group-offsets", "keyed state: each key group where its handle says, as Flink's restore reads it")
+    result = CheckResult(
+        "key-group-offsets",
+        "keyed state: each handle's key groups (some of its subtask's own) where it says, as Flink's restore reads them",
+    )
     for operator, subtask, message in key_group_problems(cp, read_files=files_ok):
         result.problems.append(Problem("key-group-offsets", message, operator, subtask))
     return result
