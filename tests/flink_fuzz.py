@@ -78,7 +78,10 @@ count altered below 1: ckpt's output restored with 58,898 of 60,010 (Flink 2.3 l
 a new parallelism): a keyed handle whose range is empty, outside the operator's key groups or
 sharing none with its subtask's is now refused (``key-group-offsets``); and a RocksDB file's local
 path altered, on which ckpt's output fails (``No such file or directory``): not decoded (RocksDB's
-manifest names its files), left. In each
+manifest names its files), left. Nothing new in ``flink23-rocksdb-p2`` (seed 98: 24 OK, 8 refused,
+a SAME-FAIL on a RocksDB file's local path, and four DIFF where a file's recorded path was altered:
+Flink's own restore fails, "FileNotFoundException", and ckpt, which finds a moved checkpoint's files
+under their names in its job directory, wrote an output Flink restored with the exact 60,010). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
