@@ -106,6 +106,18 @@ def rescale_and_repair_refuse(ckpt, tmp_path: Path, checkpoint: Path, fixture, e
         assert not destination.parent.exists()
 
 
+def crafted_copy(tmp_path: Path, fixture, craft) -> tuple[Path, str]:
+    """A copy of the fixture's job directory whose ``_metadata`` ``craft(metadata)`` altered, and
+    what ``craft`` says ckpt will say of it."""
+    job = tmp_path / "job"
+    shutil.copytree(fixture.checkpoint.parent, job)
+    checkpoint = job / fixture.checkpoint.name
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    expected = craft(metadata)
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    return checkpoint, expected
+
+
 def test_offsets_flink_reads_without_an_id_are_bounded_and_in_order(tmp_path):
     """A canonical savepoint writes no id at a key group's offset, and 0 marks an empty key group
     (``FullSnapshotRestoreOperation``): a zeroed offset is not flagged; one past the data is, and
@@ -540,12 +552,7 @@ def test_an_operator_under_another_id_than_its_uids_is_named_and_refused(ckpt, t
     """``verify`` names the operator (exit 1), ``rescale`` and ``repair`` refuse it (exit 2): the
     fuzzer's altered id of a chained operator, which ckpt had rescaled with exit 0."""
     fixture = fixture_named("flink23-hashmap-p2")
-    job = tmp_path / "job"
-    shutil.copytree(fixture.checkpoint.parent, job)
-    checkpoint = job / fixture.checkpoint.name
-    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    expected = move_operator(metadata)
-    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    checkpoint, expected = crafted_copy(tmp_path, fixture, move_operator)
     code, out, _ = ckpt("verify", checkpoint, "--json")
     report = json.loads(out)
     problems = [p for p in report["problems"] if p["check"] == "operator-ids"]
@@ -638,12 +645,7 @@ def test_a_chain_at_two_max_parallelisms_is_named_and_refused(ckpt, tmp_path):
     ``rescale`` and ``repair`` refuse it (exit 2): the fuzzer's altered max parallelism of a
     chained operator (seed 96), which ckpt had rescaled with exit 0 into a checkpoint Flink fails on."""
     fixture = fixture_named("flink23-updates-p2")
-    job = tmp_path / "job"
-    shutil.copytree(fixture.checkpoint.parent, job)
-    checkpoint = job / fixture.checkpoint.name
-    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    expected = mix_max_parallelism(metadata)
-    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    checkpoint, expected = crafted_copy(tmp_path, fixture, mix_max_parallelism)
     code, out, _ = ckpt("verify", checkpoint, "--plan", fixture.plan, "--json")
     report = json.loads(out)
     problems = [(p["check"], p["operator"]) for p in report["problems"]]
@@ -690,12 +692,7 @@ def test_a_keyed_handle_outside_its_subtasks_key_groups_is_named_and_refused(ckp
     ``repair`` refuse it (exit 2): Flink assigns keyed state by the handle's range, and ckpt had
     rescaled the empty one with exit 0, state lost (fuzz seed 97: 58,898 of 60,010 restored)."""
     fixture = fixture_named("flink23-rocksdb-p2")
-    job = tmp_path / "job"
-    shutil.copytree(fixture.checkpoint.parent, job)
-    checkpoint = job / fixture.checkpoint.name
-    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    expected = mis_range(metadata, fault)
-    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    checkpoint, expected = crafted_copy(tmp_path, fixture, lambda metadata: mis_range(metadata, fault))
     code, out, _ = ckpt("verify", checkpoint, "--json")
     problems = [p for p in json.loads(out)["problems"] if p["check"] == "key-group-offsets"]
     assert code == 1 and [(p["operator"], p["subtask"]) for p in problems] == [(SLOW_COUNT, 0)], problems

@@ -78,6 +78,17 @@ def session_of(name: str) -> Session:
     return Session.open(str(fixture.checkpoint), fixture.schema, fixture.plan)
 
 
+def session_named(name: str, tmp_path: Path) -> Session:
+    """``session_of`` the fixture; "NAME keyed by note": with a schema keyed by a field that is not
+    the job's key (a string like the real one)."""
+    if not name.endswith(" keyed by note"):
+        return session_of(name)
+    fixture = fixture_named(name.split()[0])
+    schema = tmp_path / "schema.toml"
+    schema.write_text(Path(fixture.schema).read_text().replace('key = ["name"]', 'key = ["note"]'))
+    return Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_scan_batch_equals_scan_channel_of_each(name):
     session = session_of(name)
@@ -206,13 +217,7 @@ def test_a_channel_routed_in_pieces_equals_it_routed_whole(name, new_parallelism
     channel ``route_upstream`` refuses (here by a key that is not the job's, a string like the
     real one) is refused with the same message; here every channel, alone, with pieces of one or
     two buffers, so that records are cut between nearly every two."""
-    if name.endswith(" keyed by note"):
-        fixture = fixture_named(name.split()[0])
-        schema = tmp_path / "schema.toml"
-        schema.write_text(Path(fixture.schema).read_text().replace('key = ["name"]', 'key = ["note"]'))
-        session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
-    else:
-        session = session_of(name)
+    session = session_named(name, tmp_path)
     compared = refused = 0
     with ChannelStateReader() as reader:
         for task, spec, keys in typed_route_tasks(session, new_parallelism):
@@ -458,13 +463,7 @@ def test_upstream_subtasks_judged_together_as_each_alone(name, tmp_path):
     holder's key groups record by record: here by a key that is not the job's)."""
     from ckpt_tool.records.route import together_key_groups
 
-    if name.endswith(" keyed by note"):
-        fixture = fixture_named(name.split()[0])
-        schema = tmp_path / "schema.toml"
-        schema.write_text(Path(fixture.schema).read_text().replace('key = ["name"]', 'key = ["note"]'))
-        session = Session.open(str(fixture.checkpoint), str(schema), fixture.plan)
-    else:
-        session = session_of(name)
+    session = session_named(name, tmp_path)
     decided = 0
     with ChannelStateReader() as reader:
         for task, spec, keys in typed_route_tasks(session, 3):
