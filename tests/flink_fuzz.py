@@ -81,7 +81,8 @@ path altered, on which ckpt's output fails (``No such file or directory``): not 
 manifest names its files), left. Nothing new in ``flink23-rocksdb-p2`` (seed 98: 24 OK, 8 refused,
 a SAME-FAIL on a RocksDB file's local path, and four DIFF where a file's recorded path was altered:
 Flink's own restore fails, "FileNotFoundException", and ckpt, which finds a moved checkpoint's files
-under their names in its job directory, wrote an output Flink restored with the exact 60,010). In each
+under their names in its job directory, wrote an output Flink restored with the exact 60,010), nor in
+``flink23-filemerging-hashmap-p2`` (seed 99: 30 OK, 28 refused). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
