@@ -1131,12 +1131,11 @@ def routed_at_once(
     order = np.argsort(piece_key, kind="stable")
     ordered_key = piece_key[order]
     firsts = np.flatnonzero(np.diff(ordered_key, prepend=-1))
+    record_lengths = (records.ends - records.starts)[is_record].astype(np.int64)
     chosen = np.flatnonzero(is_record)[order]
-    lengths = (records.ends - records.starts)[chosen].astype(np.int64)
-    payload = np.add.reduceat(lengths, firsts) if len(firsts) else np.zeros(0, dtype=np.int64)
+    payload = np.add.reduceat(record_lengths[order], firsts) if len(firsts) else np.zeros(0, dtype=np.int64)
     if (payload >= BUFFER_SIZE).any():
         return None  # some new channel fills a buffer: streamed
-    record_lengths = (records.ends - records.starts)[is_record]
     return RoutedAtOnce(
         tasks,
         new_parallelism,

@@ -230,8 +230,9 @@ class ChannelStateReader:
             data = b"".join(runs)
             sizes = np.array([len(r) for r in runs], dtype=np.int64)
             ends = np.cumsum(sizes)
-            which = np.searchsorted(np.array(firsts), at, side="right") - 1
-            at = at - np.array(firsts)[which] + (ends - sizes)[which]
+            starts = np.array(firsts, dtype=np.int64)  # each run's first offset in the file
+            which = np.searchsorted(starts, at, side="right") - 1
+            at = at - starts[which] + (ends - sizes)[which]
             inside = at + len(HEADER) <= ends[which]  # (the bytes after its run are not the file's)
             if not inside.all() or (at + len(HEADER) + _lengths_at(data, at) > ends[which]).any():
                 return None

@@ -40,6 +40,7 @@ from ckpt_tool.flink.model import (
     ChangelogBackendHandle,
     KeyGroupsHandle,
     SegmentFileHandle,
+    key_group_range,
 )
 
 ID_BYTES = 4  # the key group's id, an int, at its offset (the hashmap backend's format)
@@ -90,12 +91,11 @@ def _range_problem(keyed, max_parallelism: int, parallelism: int, index: int) ->
             f"its key-group range (from {groups.start}, {count} key groups) is empty: Flink assigns its state to "
             "no subtask at a rescale (KeyGroupRange.of), and the state is lost"
         )
-    own_start = (index * max_parallelism + parallelism - 1) // parallelism
-    own_stop = ((index + 1) * max_parallelism - 1) // parallelism + 1
-    if groups.start < 0 or groups.stop > max_parallelism or groups.stop <= own_start or groups.start >= own_stop:
+    own = key_group_range(max_parallelism, parallelism, index)
+    if groups.start < 0 or groups.stop > max_parallelism or groups.stop <= own.start or groups.start >= own.stop:
         return (
             f"its key groups {groups.start}..{groups.stop - 1} are none of the subtask's own "
-            f"{own_start}..{own_stop - 1} (max parallelism {max_parallelism}, parallelism {parallelism}): Flink "
+            f"{own.start}..{own.stop - 1} (max parallelism {max_parallelism}, parallelism {parallelism}): Flink "
             "assigns keyed state by its key groups, not by the subtask holding it"
         )
     return None

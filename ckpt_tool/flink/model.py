@@ -141,6 +141,13 @@ class HandleAndLocalPath:
     handle: Optional[StreamHandle]
 
 
+def key_group_range(max_parallelism: int, parallelism: int, operator_index: int) -> range:
+    """``computeKeyGroupRangeForOperatorIndex`` as a Python range."""
+    start = (operator_index * max_parallelism + parallelism - 1) // parallelism
+    end = ((operator_index + 1) * max_parallelism - 1) // parallelism
+    return range(start, end + 1)
+
+
 class KeyGroupSpan:
     """A keyed handle's ``num_key_groups`` key groups from ``start_key_group`` (its dataclass's fields)."""
 

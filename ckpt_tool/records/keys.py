@@ -11,6 +11,7 @@ import math
 import struct
 from typing import Any
 
+from ckpt_tool.flink.model import key_group_range as key_group_range  # Flink's format: where callers here take it from
 from ckpt_tool.records.types import DataType, Row
 
 MURMUR_C1 = 0xCC9E2D51
@@ -63,13 +64,6 @@ def key_group_for_hash(key_hash: int, max_parallelism: int) -> int:
 def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: Any) -> Any:
     """The subtask owning a key group; ``key_group`` may be an int or a NumPy array of them."""
     return key_group * parallelism // max_parallelism
-
-
-def key_group_range(max_parallelism: int, parallelism: int, operator_index: int) -> range:
-    """``computeKeyGroupRangeForOperatorIndex`` as a Python range."""
-    start = (operator_index * max_parallelism + parallelism - 1) // parallelism
-    end = ((operator_index + 1) * max_parallelism - 1) // parallelism
-    return range(start, end + 1)
 
 
 # --- Java hashCode -----------------------------------------------------------------------------
