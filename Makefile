@@ -47,13 +47,16 @@ demo: setup
 	$(BIN)/ckpt rescale $(DEMO_CHECKPOINT) $(DEMO_OUT) --parallelism 3 $(DEMO_INPUTS)
 	$(BIN)/python fixtures/flink_env.py restore $(DEMO_OUT) --version 2.3.0 --parallelism 3
 
-# Lint, format check and type check first (seconds), then every test. The HTML report tests
-# look at pages in Debian's Chromium, installed here when missing.
+# Lint, format check and type check first (seconds), then every test, on TEST_WORKERS processes
+# (pytest-xdist; 2, the CI machine's cores: most of the time goes to real Flink's JVMs and to
+# single-threaded Python, so two workers take about 25 minutes where one takes 35). The HTML report
+# tests look at pages in Debian's Chromium, installed here when missing.
+TEST_WORKERS ?= 2
 test: setup browser azurite
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS)
 
 # Every job shape Flink's own rescale tests rescale, on Flink 2.3 and 1.20 (a table; see tests/conformance.py).
 conformance: setup
