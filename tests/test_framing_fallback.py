@@ -97,6 +97,42 @@ def test_equal_on_generated_streams_and_errors():
         same("payloads_many", file, picked, int64s([len(picked)]))
 
 
+def test_equal_runs_of_a_file_and_their_payloads():
+    """A file's buffers read in runs (a route task at p=4,096 visits each of 4,096 files): the runs
+    of the offsets, and each handle's payloads from the runs, with the same errors where a buffer
+    lies outside every run, runs past its run, or overlaps the one before it."""
+    rng = random.Random(28)
+    for _ in range(300):
+        file = b"\0\0\0\0" + chain(rng, rng.randrange(1, 12))
+        offsets, position = [], 4
+        while position < len(file):
+            offsets.append(position)
+            position += 4 + struct.unpack_from(">i", file, position)[0]
+        gap = rng.choice([0, 8, 40, 1 << 16])
+        picked = rng.sample(offsets, rng.randrange(0, len(offsets) + 1))
+        same("span_runs", int64s(picked), gap)
+        same("span_runs", int64s(picked[::-1]), gap)
+        runs = _framing.span_runs(int64s(sorted(picked)), gap)
+        slack = rng.randrange(0, 6)
+        datas = [file[first : last + 4 + struct.unpack_from(">i", file, last)[0] + slack] for first, last in runs]
+        firsts = int64s([first for first, _ in runs])
+        cut = rng.randrange(0, len(picked) + 1)
+        ordered = sorted(picked[:cut]) + sorted(picked[cut:])
+        counts = int64s([cut, len(picked) - cut])
+        result = outcome(_framing.payloads_in_runs, datas, firsts, int64s(ordered), counts)
+        if runs and not slack:  # read whole, as each handle's payloads from the file itself
+            assert result == _framing.payloads_many(file, int64s(ordered), counts)
+        same("payloads_in_runs", datas, firsts, int64s(ordered), counts)
+        same("payloads_in_runs", datas, firsts, int64s(ordered[::-1]), int64s([len(ordered)]))  # out of order
+        same("payloads_in_runs", datas, firsts, int64s(ordered), int64s([len(ordered) + 1]))  # counts wrong
+        same("payloads_in_runs", datas, firsts, int64s([*ordered, len(file) + 3]), int64s([len(ordered) + 1]))
+        if datas:
+            shorter = [*datas[:-1], datas[-1][: rng.randrange(0, len(datas[-1]))]]  # the last run cut
+            same("payloads_in_runs", shorter, firsts, int64s(ordered), counts)
+            same("payloads_in_runs", datas, firsts[::-1].copy(), int64s(ordered), counts)  # runs out of order
+            same("payloads_in_runs", datas[:-1], firsts, int64s(ordered), counts)  # a run missing
+
+
 def varint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:

@@ -178,16 +178,11 @@ class ChannelStateReader:
         io = self._io(location, source.beneath)
         if not isinstance(io, LocalFileIO):
             return None
-        at = np.asarray(source.offsets, dtype=np.int64)
-        low, high = int(at.min()), int(at.max())
-        if high - low <= SPAN_GAP:  # one run (a few kB of a file, as at high parallelism)
-            firsts, lasts = [low], [high]
-        else:
-            ordered = np.sort(at)
-            cuts = np.flatnonzero(np.diff(ordered) > SPAN_GAP) + 1
-            firsts = ordered[np.concatenate([[0], cuts])].tolist()
-            lasts = ordered[np.concatenate([cuts - 1, [len(ordered) - 1]])].tolist()
-        if low < len(HEADER) or sum(lasts) - sum(firsts) > SPAN_LIMIT:
+        at = np.ascontiguousarray(source.offsets, dtype=np.int64)
+        found_runs = _framing.span_runs(at, SPAN_GAP)  # (first, last) offsets, in file order
+        firsts = [first for first, _ in found_runs]
+        lasts = [last for _, last in found_runs]
+        if firsts[0] < len(HEADER) or sum(lasts) - sum(firsts) > SPAN_LIMIT:
             return None
 
         def run(read, first: int, last: int) -> Optional[bytes]:
@@ -224,20 +219,9 @@ class ChannelStateReader:
         runs = io.read_spans(location, spans)
         if not isinstance(runs, list):
             return None
-        if len(runs) == 1:
-            data, at = runs[0], at - low
-        else:  # the runs joined, each buffer where its run lies in them, and ending inside its run
-            data = b"".join(runs)
-            sizes = np.array([len(r) for r in runs], dtype=np.int64)
-            ends = np.cumsum(sizes)
-            starts = np.array(firsts, dtype=np.int64)  # each run's first offset in the file
-            which = np.searchsorted(starts, at, side="right") - 1
-            at = at - starts[which] + (ends - sizes)[which]
-            inside = at + len(HEADER) <= ends[which]  # (the bytes after its run are not the file's)
-            if not inside.all() or (at + len(HEADER) + _lengths_at(data, at) > ends[which]).any():
-                return None
-        try:
-            blob, found = _framing.payloads_many(data, at, np.asarray(counts, dtype=np.int64))
+        try:  # each buffer where its run lies, and ending inside its run (the bytes after it are not the file's)
+            starts, many = np.array(firsts, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+            blob, found = _framing.payloads_in_runs(runs, starts, at, many)
         except ValueError:
             return None
         return blob, np.frombuffer(found, dtype=np.int64), None

@@ -5,6 +5,7 @@ compares both on real and generated channels."""
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,56 @@ def payloads_many(data: Any, offsets: Any, counts: Any) -> tuple[bytes, bytes]:
         piece = payloads(data, at[used : used + count].tobytes())
         pieces.append(piece)
         sizes.append(len(piece))
+        used += count
+    return b"".join(pieces), np.asarray(sizes, dtype=np.int64).tobytes()
+
+
+def span_runs(offsets: Any, gap: int) -> list[tuple[int, int]]:
+    """The offsets sorted, in runs cut where the next lies more than ``gap`` on: each run's first
+    and last offset."""
+    ordered = sorted(_int64s(offsets).tolist())
+    runs: list[tuple[int, int]] = []
+    for at in ordered:
+        if runs and at - runs[-1][1] <= gap:
+            runs[-1] = (runs[-1][0], at)
+        else:
+            runs.append((at, at))
+    return runs
+
+
+def payloads_in_runs(runs: Any, firsts: Any, offsets: Any, counts: Any) -> tuple[bytes, bytes]:
+    """``payloads_many`` of a file read in runs: ``runs[r]`` holds the file's bytes from offset
+    ``firsts[r]`` (ascending, the runs apart); each buffer must lie whole inside one run."""
+    views, starts = [_as_bytes(r) for r in runs], _int64s(firsts).tolist()
+    at, many = _int64s(offsets).tolist(), _int64s(counts).tolist()
+    if len(views) != len(starts):
+        raise ValueError("the runs and their offsets do not match")
+    for r in range(1, len(starts)):
+        if starts[r] < starts[r - 1] + len(views[r - 1]):
+            raise ValueError("the runs overlap or are out of order")
+    pieces: list[bytes] = []
+    sizes: list[int] = []
+    used = 0
+    for count in many:
+        if count < 0 or used + count > len(at):
+            raise ValueError("buffer counts do not match the offsets")
+        previous_end, mine = 0, 0
+        for offset in at[used : used + count]:
+            r = bisect.bisect_right(starts, offset) - 1
+            if r < 0 or offset + 4 > starts[r] + len(views[r]):
+                raise ValueError(f"buffer offset {offset} is outside the runs read")
+            if offset < previous_end:
+                before = f"the buffer before it (which ends at {previous_end})"
+                raise ValueError(f"buffer offset {offset} repeats or overlaps {before}")
+            inside = offset - starts[r]
+            length = _length_at(views[r], inside)
+            end = starts[r] + len(views[r])
+            if length < 0 or offset + 4 + length > end:
+                raise ValueError(f"buffer at offset {offset} of length {length} runs past its run (which ends at {end})")
+            previous_end = offset + 4 + length
+            pieces.append(bytes(views[r][inside + 4 : inside + 4 + length]))
+            mine += length
+        sizes.append(mine)
         used += count
     return b"".join(pieces), np.asarray(sizes, dtype=np.int64).tobytes()
 
