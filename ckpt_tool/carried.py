@@ -33,7 +33,7 @@ def carried_problems(checkpoint: Checkpoint, plan: RescalePlan) -> Iterator[str]
     """What Flink's restore would fail on in the channels ``plan`` carries unchanged, in words,
     each naming its operator, subtask and channel."""
     replaced_inputs, replaced_outputs = plan.replaced_gates()
-    bounds = ChannelBounds(plan.old, plan.exchanges)
+    bounds = ChannelBounds(plan.old, plan.exchanges, plan.job_plan)
     by_data: dict[tuple, list[tuple[tuple, BufferSource]]] = defaultdict(list)  # (where, source) by data
     for op in checkpoint.metadata.operators:
         for s in op.subtasks:

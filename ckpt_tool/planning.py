@@ -50,6 +50,7 @@ class RescalePlan:
     exchanges: list[Exchange]
     rescaled: list[int]  # indexes into exchanges whose in-flight data is rerouted
     dropped: list[int] = field(default_factory=list)  # indexes of exchanges whose in-flight data is dropped
+    job_plan: Optional[JobPlan] = None  # Flink's plan where given: every gate and partition of each vertex
 
     def changes(self, op_id: str) -> bool:
         return self.old[op_id] != self.new[op_id]
@@ -87,7 +88,7 @@ def plan_rescale(
             raise RescaleError(
                 f"operator {op.label}: parallelism {new[op.id_hex]} is above its max parallelism {op.max_parallelism}"
             )
-    plan = RescalePlan(old, new, exchanges, [])
+    plan = RescalePlan(old, new, exchanges, [], job_plan=job_plan)
     _drop(metadata, plan, drop or [])
     _check_finished_markers(metadata, plan, job_plan)
     _check_channel_state(metadata, plan)
@@ -135,11 +136,13 @@ def _check_finished_markers(metadata: CheckpointMetadata, plan: RescalePlan, job
         raise RescaleError(f"Flink would not restore the rescaled checkpoint: {problem}")
 
 
-def plan_repair(metadata: CheckpointMetadata, exchanges: list[Exchange], drop: list[str]) -> RescalePlan:
+def plan_repair(
+    metadata: CheckpointMetadata, exchanges: list[Exchange], drop: list[str], job_plan: Optional[JobPlan] = None
+) -> RescalePlan:
     """Same parallelism; keyed exchanges rerouted (replicas kept once, misplaced records moved to
     the subtask owning their key group); exchanges into the ``drop`` operators lose their data."""
     same = {op.id_hex: op.parallelism for op in metadata.operators}
-    plan = RescalePlan(same, dict(same), exchanges, [])
+    plan = RescalePlan(same, dict(same), exchanges, [], job_plan=job_plan)
     _drop(metadata, plan, drop)
     _check_channel_state(metadata, plan, reroute_keyed=True)
     return plan

@@ -4,8 +4,9 @@ here). Found by restoring in Flink what ckpt had rescaled from randomly mutated 
 
 - a key group that is not where its keyed-state handle says: ``verify`` names it, ``rescale`` and
   ``repair`` refuse before writing;
-- checkpoint properties naming a class, serialVersionUID or enum constant Flink does not have:
-  refused as the metadata is read, as Flink's loader fails on them;
+- checkpoint properties naming a class, serialVersionUID or enum constant Flink does not have, or
+  describing a class with flags Java refuses for Flink's class: refused as the metadata is read, as
+  Flink's loader fails on them;
 - a managed operator state whose name its handle's data holds no meta info for (Flink up to 1.18
   fails on it, from 1.19 restores that state empty): ``verify`` names it, ``rescale`` and ``repair``
   refuse before writing."""
@@ -185,6 +186,42 @@ PROPERTY_FAULTS = {  # (fixture, bytes of the properties, their replacement, ckp
         "class org.apache.flink.runtime.checkpoint.CheckpointType with serialVersionUID -2963844630364414661,"
         " not Flink's -2963844630364414662 (Flink: InvalidClassException)",
     ),
+    "class-flags": (  # found by tests/flink_fuzz.py (seed 100)
+        "flink23-hashmap-p2",
+        bytes.fromhex("d6de4f0305ae1d3a") + b"\x02",
+        bytes.fromhex("d6de4f0305ae1d3a") + b"\x06",
+        "class org.apache.flink.runtime.checkpoint.CheckpointType: serializable and externalizable flags conflict"
+        " (Flink: InvalidClassException)",
+    ),
+    "enum-flags": (
+        "flink23-hashmap-p2",
+        b"SharingFilesStrategy" + bytes(8) + b"\x12",
+        b"SharingFilesStrategy" + bytes(8) + b"\x02",
+        "class org.apache.flink.runtime.checkpoint.SnapshotType$SharingFilesStrategy: cannot bind non-enum descriptor"
+        " to an enum class (Flink: InvalidClassException)",
+    ),
+    "externalizable": (
+        "flink23-hashmap-p2",
+        b"CheckpointProperties" + (2).to_bytes(8, "big") + b"\x02",
+        b"CheckpointProperties" + (2).to_bytes(8, "big") + b"\x04",
+        "class org.apache.flink.runtime.checkpoint.CheckpointProperties: Serializable incompatible with Externalizable"
+        " (Flink: InvalidClassException)",
+    ),
+    "not-serializable": (
+        "flink23-hashmap-p2",
+        b"CheckpointProperties" + (2).to_bytes(8, "big") + b"\x02",
+        b"CheckpointProperties" + (2).to_bytes(8, "big") + b"\x00",
+        "class org.apache.flink.runtime.checkpoint.CheckpointProperties: class invalid for deserialization"
+        " (Flink: InvalidClassException)",
+    ),
+}
+# Flink's own words where it fails on them (Java's ObjectStreamClass)
+FLINK_PROPERTY_ERRORS = {
+    "enum-constant": r"No enum constant .*SharingFilesStrategy\.FORwARD_BACKWARD",
+    "class-flags": "serializable and externalizable flags conflict",
+    "enum-flags": "cannot bind non-enum descriptor to an enum class",
+    "externalizable": "Serializable incompatible with Externalizable",
+    "not-serializable": "class invalid for deserialization",
 }
 
 
@@ -210,8 +247,9 @@ def test_properties_flink_cannot_read_are_refused(ckpt, tmp_path, fault):
 
 
 @pytest.mark.flink
-def test_flink_fails_on_the_enum_constant_ckpt_refuses(tmp_path):
-    name, before, after, _ = PROPERTY_FAULTS["enum-constant"]
+@pytest.mark.parametrize("fault", list(FLINK_PROPERTY_ERRORS))
+def test_flink_fails_on_the_properties_ckpt_refuses(tmp_path, fault):
+    name, before, after, _ = PROPERTY_FAULTS[fault]
     fixture = fixture_named(name)
     source = Checkpoint.open(str(fixture.checkpoint))
     checkpoint = tmp_path / "job" / fixture.checkpoint.name
@@ -219,7 +257,7 @@ def test_flink_fails_on_the_enum_constant_ckpt_refuses(tmp_path):
     metadata = checkpoint / "_metadata"
     metadata.write_bytes(with_properties_changed(metadata.read_bytes(), before, after))
     info = fixture.info
-    with pytest.raises(RuntimeError, match=r"No enum constant .*SharingFilesStrategy\.FORwARD_BACKWARD"):
+    with pytest.raises(RuntimeError, match=FLINK_PROPERTY_ERRORS[fault]):
         flink_env.restore_count(info["flink_version"], checkpoint, info["parallelism"], backend=info["backend"], timeout=300)
 
 
@@ -288,6 +326,13 @@ def subpartition_outside(handle: MergedChannelStateHandle) -> str:
     return "operator map-main subtask 0, output 0/3: no such channel: its partition has 3 subpartitions"
 
 
+def partition_outside(handle: MergedChannelStateHandle) -> str:
+    """Its first channel's result partition made 1, where map-main's vertex has one (found by
+    tests/flink_fuzz.py, seed 100: partition 262,144)."""
+    handle.serialized_offsets = handle.serialized_offsets[:4] + (1).to_bytes(4, "big") + handle.serialized_offsets[8:]
+    return "operator map-main subtask 0, output 1/0: no such result partition: its vertex has 1 result partition in Flink's plan"
+
+
 def buffer_past_the_file(handle: MergedChannelStateHandle) -> str:
     """Its last channel's last buffer moved past the end of its file (the offsets stay in order)."""
     last = handle.channels[-1]
@@ -298,7 +343,7 @@ def buffer_past_the_file(handle: MergedChannelStateHandle) -> str:
     return f"operator map-main subtask 0, output {gate}/{channel}: {{file}}: buffer offset {moved} is outside the file"
 
 
-CARRIED_FAULTS = {"subpartition": subpartition_outside, "buffer": buffer_past_the_file}
+CARRIED_FAULTS = {"subpartition": subpartition_outside, "partition": partition_outside, "buffer": buffer_past_the_file}
 
 
 @pytest.mark.parametrize("fault", list(CARRIED_FAULTS))
@@ -326,6 +371,9 @@ def test_in_flight_data_carried_unchanged_is_proven_as_flink_reads_it(ckpt, tmp_
     if fault == "buffer":
         gate, channel = handle.channels[-1].info
         assert problem["check"] == "channel-state" and problem["channel"] == f"output {gate}/{channel}"
+    elif fault == "partition":
+        assert problem["check"] == "channel-handles" and problem["channel"] == "output 1/0"
+        assert problem["message"] == "no such result partition: its vertex has 1 result partition in Flink's plan"
     else:
         assert problem["check"] == "channel-handles" and problem["channel"] == "output 0/3"
         assert problem["message"].startswith("no such channel: its partition has 3 subpartitions")
@@ -347,15 +395,16 @@ def test_verify_names_a_negative_channel_index(ckpt, tmp_path):
 
 
 @pytest.mark.flink
-def test_flink_fails_on_the_subpartition_ckpt_refuses(tmp_path):
+@pytest.mark.parametrize("fault, index, length", [("subpartition", 3, 3), ("partition", 1, 1)])
+def test_flink_fails_on_the_subpartition_ckpt_refuses(tmp_path, fault, index, length):
     checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    subpartition_outside(carried_handle(metadata))
+    CARRIED_FAULTS[fault](carried_handle(metadata))
     (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
     staged = tmp_path / "staged" / checkpoint.name  # its files copied where the new metadata names them
     write_checkpoint(Checkpoint.open(str(checkpoint)), metadata, str(staged), {})
     info = fixture.info
-    with pytest.raises(RuntimeError, match="ArrayIndexOutOfBoundsException: Index 3 out of bounds for length 3"):
+    with pytest.raises(RuntimeError, match=f"ArrayIndexOutOfBoundsException: Index {index} out of bounds for length {length}"):
         flink_env.restore_count(info["flink_version"], staged, 3, backend=info["backend"], timeout=300)
 
 

@@ -35,6 +35,9 @@ TYPE_CODES = {
 }
 BASE_HANDLE = 0x7E0000
 SC_WRITE_METHOD = 0x01
+SC_SERIALIZABLE = 0x02
+SC_EXTERNALIZABLE = 0x04
+SC_ENUM = 0x10
 PRIMITIVES = {"B": "i8", "Z": "boolean", "I": "i32", "J": "i64", "S": "short", "C": "char", "F": "float", "D": "double"}
 CHECKPOINT_PROPERTIES = "org.apache.flink.runtime.checkpoint.CheckpointProperties"
 
@@ -90,7 +93,8 @@ class _Reader:
         self.handles: list[object] = []
         self.sizes: dict[int, int] = {}  # id() of a decoded object -> its expanded size
         self.depth = 0
-        self.classes: list[tuple[str, int, int]] = []  # (name, serialVersionUID, at) of each class description
+        # (name, serialVersionUID, at, flags, field count) of each class description
+        self.classes: list[tuple[str, int, int, int, int]] = []
         self.constants: list[tuple[str, str, int]] = []  # (enum class, constant, at) of each enum value
 
     def fail(self, message: str, at: int | None = None) -> NoReturn:
@@ -162,7 +166,7 @@ class _Reader:
     def class_desc_body(self) -> _ClassDesc:
         at = self.r.pos
         name = self.r.utf("class name")
-        self.classes.append((name, self.r.i64("serialVersionUID"), at))
+        uid = self.r.i64("serialVersionUID")
         slot = self.new_handle(_UNFINISHED)
         flags = self.r.u8("class flags")
         fields = []
@@ -182,6 +186,7 @@ class _Reader:
             elif code not in PRIMITIVES:
                 self.fail(f"unknown field type code {code!r}", at)
             fields.append((code, field_name))
+        self.classes.append((name, uid, at, flags, len(fields)))
         if self.r.u8("end of class annotation") != TC_ENDBLOCKDATA:
             self.fail("class annotations are not supported")
         desc = _ClassDesc(name, flags, fields, self.class_desc("a superclass"))
@@ -290,13 +295,48 @@ def _check_flink_classes(decoder: _Reader) -> None:
     resolves them: an unknown class fails the restore (``ClassNotFoundException``), so does another
     serialVersionUID (``InvalidClassException``; an enum's is 0) and an unknown constant
     (``Enum.valueOf``)."""
-    for name, uid, at in decoder.classes:
+    for name, uid, at, flags, field_count in decoder.classes:
+        early = _descriptor_problem(uid, flags, field_count)
+        if early:
+            decoder.fail(f"class {name}: {early} (Flink: InvalidClassException)", at)
         if name not in FLINK_CLASSES:
             decoder.fail(f"class {name}, which Flink does not have (Flink: ClassNotFoundException)", at)
         if uid != FLINK_CLASSES[name]:
             decoder.fail(
                 f"class {name} with serialVersionUID {uid}, not Flink's {FLINK_CLASSES[name]} (Flink: InvalidClassException)", at
             )
+        late = _binding_problem(name, flags)
+        if late:
+            decoder.fail(f"class {name}: {late} (Flink: InvalidClassException)", at)
     for name, constant, at in decoder.constants:
         if constant not in FLINK_ENUMS.get(name, ()):
             decoder.fail(f"No enum constant {name.replace('$', '.')}.{constant} (Flink's words)", at)
+
+
+def _descriptor_problem(uid: int, flags: int, field_count: int) -> str:
+    """What ``ObjectStreamClass.readNonProxy`` refuses in a class description as it reads it
+    (before it looks the class up), in its words; "" where nothing."""
+    if flags & SC_SERIALIZABLE and flags & SC_EXTERNALIZABLE:
+        return "serializable and externalizable flags conflict"
+    if flags & SC_ENUM and uid != 0:
+        return f"enum descriptor has non-zero serialVersionUID: {uid}"
+    if flags & SC_ENUM and field_count:
+        return f"enum descriptor has non-zero field count: {field_count}"
+    return ""
+
+
+def _binding_problem(name: str, flags: int) -> str:
+    """What binding a class description to Flink's class of that name refuses
+    (``ObjectStreamClass.initNonProxy``, then ``checkDeserialize`` as an object of it is read), in
+    Java's words; "" where nothing. Flink's enums are enums (``java.lang.Enum`` counts as one); its
+    other classes here are ``Serializable``, not ``Externalizable``. (Java checks a description's
+    serialVersionUID between the enum binding and the rest; a mutation changes one of them.)"""
+    local_enum = name in FLINK_ENUMS or name == "java.lang.Enum"
+    if bool(flags & SC_ENUM) != local_enum:
+        bound = ("enum", "a non-enum") if flags & SC_ENUM else ("non-enum", "an enum")
+        return f"cannot bind {bound[0]} descriptor to {bound[1]} class"
+    if not local_enum and flags & SC_EXTERNALIZABLE:  # (Serializable in the stream's terms too)
+        return "Serializable incompatible with Externalizable"
+    if not local_enum and not flags & SC_SERIALIZABLE:
+        return "class invalid for deserialization"
+    return ""

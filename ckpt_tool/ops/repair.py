@@ -18,7 +18,7 @@ from ckpt_tool.topology import check_new_topology
 
 def repair(session: Session, dst: str, drop: list[str], target_plan: Optional[dict[str, PlanVertex]] = None) -> RescaleReport:
     """``target_plan``: the job's plan as it will be started (its chaining is checked as Flink checks it)."""
-    plan = plan_repair(session.metadata, session.described_exchanges, drop)
+    plan = plan_repair(session.metadata, session.described_exchanges, drop, session.plan)
     check_new_topology(session, plan, target_plan, "its parallelism")
     check_output_mapping(session.checkpoint, plan.exchanges, session.engine, set(plan.rescaled + plan.dropped))
     return rewrite(session, dst, plan)

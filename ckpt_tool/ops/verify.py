@@ -500,7 +500,9 @@ def verify(
     files = check_files(cp)
     checks = [
         files,
-        *check_channel_state(cp, not files.problems, ChannelBounds(parallelisms(session.metadata), session.described_exchanges)),
+        *check_channel_state(
+            cp, not files.problems, ChannelBounds(parallelisms(session.metadata), session.described_exchanges, session.plan)
+        ),
         check_changelog(cp, not files.problems),
         check_key_groups(cp, not files.problems),
         check_operator_states(cp, not files.problems),
