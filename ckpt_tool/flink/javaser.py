@@ -164,7 +164,7 @@ class _Reader:
         return value
 
     def class_desc_body(self) -> _ClassDesc:
-        at = self.r.pos
+        start = at = self.r.pos
         name = self.r.utf("class name")
         uid = self.r.i64("serialVersionUID")
         slot = self.new_handle(_UNFINISHED)
@@ -186,7 +186,7 @@ class _Reader:
             elif code not in PRIMITIVES:
                 self.fail(f"unknown field type code {code!r}", at)
             fields.append((code, field_name))
-        self.classes.append((name, uid, at, flags, len(fields)))
+        self.classes.append((name, uid, start, flags, len(fields)))
         if self.r.u8("end of class annotation") != TC_ENDBLOCKDATA:
             self.fail("class annotations are not supported")
         desc = _ClassDesc(name, flags, fields, self.class_desc("a superclass"))
