@@ -379,6 +379,32 @@ def test_in_flight_data_carried_unchanged_is_proven_as_flink_reads_it(ckpt, tmp_
         assert problem["message"].startswith("no such channel: its partition has 3 subpartitions")
 
 
+def gate_outside(tmp_path: Path) -> tuple[Path, object]:
+    """A copy of the recovery checkpoint whose slow-count subtask 0 names input gate 2 for its first
+    channel, where its vertex has two input gates (the main and the small source)."""
+    checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    op = next(o for o in metadata.operators if o.name == SLOW_COUNT)
+    handle = next(s for s in op.subtasks if s.index == 0).input_channels[0]
+    assert isinstance(handle, MergedChannelStateHandle) and handle.channels[0].info == (0, 0)
+    handle.serialized_offsets = handle.serialized_offsets[:4] + (2).to_bytes(4, "big") + handle.serialized_offsets[8:]
+    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    return checkpoint, fixture
+
+
+def test_an_input_gate_past_the_plans_is_named_and_refused(ckpt, tmp_path):
+    checkpoint, fixture = gate_outside(tmp_path)
+    expected = "no such input gate: its vertex has 2 input gates in Flink's plan"
+    inputs = ["--plan", fixture.plan, "--schema", fixture.schema, "--engine", "local"]
+    code, _, err = ckpt("rescale", checkpoint, tmp_path / "out" / "chk-1", "-p", "3", *inputs)
+    assert code == 2 and f"operator slow-count subtask 0, input 2/0: {expected}" in err, err
+    code, out, _ = ckpt("verify", checkpoint, "--json", "--plan", fixture.plan)
+    (problem,) = json.loads(out)["problems"]
+    assert code == 2 and (problem["check"], problem["channel"], problem["message"]) == ("channel-handles", "input 2/0", expected)
+    code, out, _ = ckpt("verify", checkpoint, "--json")  # without the plan, gate 2 may exist
+    assert code == 0, out
+
+
 def test_verify_names_a_negative_channel_index(ckpt, tmp_path):
     checkpoint, _, _ = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
     metadata = read_metadata((checkpoint / "_metadata").read_bytes())
@@ -395,12 +421,16 @@ def test_verify_names_a_negative_channel_index(ckpt, tmp_path):
 
 
 @pytest.mark.flink
-@pytest.mark.parametrize("fault, index, length", [("subpartition", 3, 3), ("partition", 1, 1)])
+@pytest.mark.parametrize("fault, index, length", [("subpartition", 3, 3), ("partition", 1, 1), ("gate", 2, 2)])
 def test_flink_fails_on_the_subpartition_ckpt_refuses(tmp_path, fault, index, length):
-    checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
-    metadata = read_metadata((checkpoint / "_metadata").read_bytes())
-    CARRIED_FAULTS[fault](carried_handle(metadata))
-    (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
+    if fault == "gate":
+        checkpoint, fixture = gate_outside(tmp_path)
+        metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+    else:
+        checkpoint, _, fixture = faulty_copy(tmp_path, RECOVERY, lambda metadata_handle: None)
+        metadata = read_metadata((checkpoint / "_metadata").read_bytes())
+        CARRIED_FAULTS[fault](carried_handle(metadata))
+        (checkpoint / "_metadata").write_bytes(write_metadata(metadata))
     staged = tmp_path / "staged" / checkpoint.name  # its files copied where the new metadata names them
     write_checkpoint(Checkpoint.open(str(checkpoint)), metadata, str(staged), {})
     info = fixture.info
