@@ -133,6 +133,18 @@ def test_equal_runs_of_a_file_and_their_payloads():
             same("payloads_in_runs", datas[:-1], firsts, int64s(ordered), counts)  # a run missing
 
 
+def test_runs_are_let_go_of_whatever_the_outcome():
+    """Every run's buffer taken by ``payloads_in_runs`` is given back, also where it refuses the runs
+    (a bytearray cannot be resized while a view of it is held)."""
+    file = b"\0\0\0\0" + struct.pack(">i", 2) + b"ab" + struct.pack(">i", 1) + b"c"
+    for firsts in ([4, 10], [10, 4], [4, 5]):  # apart; out of order; overlapping
+        runs = [bytearray(file[4:10]), bytearray(file[10:])]
+        for module in (_framing, _framing_py):
+            outcome(module.payloads_in_runs, runs, int64s(firsts), int64s([4, 10]), int64s([2]))
+        for run in runs:
+            run.extend(b"x")  # BufferError where a view is still held
+
+
 def varint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:

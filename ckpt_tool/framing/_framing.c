@@ -440,9 +440,10 @@ static PyObject *payloads_in_runs(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    for (; held < run_count; held++) {
+    while (held < run_count) {  /* held: the views taken so far, each released at the end */
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(runs, held), &views[held], PyBUF_SIMPLE) != 0) goto done;
-        if (held && firsts[held] < firsts[held - 1] + (int64_t)views[held - 1].len) {
+        held++;
+        if (held > 1 && firsts[held - 1] < firsts[held - 2] + (int64_t)views[held - 2].len) {
             PyErr_SetString(PyExc_ValueError, "the runs overlap or are out of order");
             goto done;
         }
