@@ -96,7 +96,11 @@ the inflated checkpoint's copies, 60,185, where ckpt's output restores the exact
 handle's type tag altered from a savepoint's (7) to plain key groups (3), on which Flink's heap
 restore reads the canonical layout as its own, "Unexpected key-group in restore"; a RocksDB job's
 full snapshots are that layout under tag 3, so which one fails depends on the backend restoring it:
-left), nor in ``flink120-aligned-p2`` (seed 104: 13 OK, 40 refused). In each
+left), nor in ``flink120-aligned-p2`` (seed 104: 13 OK, 40 refused), nor in ``flink23-hashmap-p2``
+(seed 105: 14 OK, 33 refused, a DIFF of a subtask index) or ``flink120-sqljoin-p2`` (seed 106: 17
+refused, eight DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "Cannot get old subtasks
+from a descriptor that represents no state", ckpt's output restoring with the exact 20,000, and a
+SAME-FAIL, an operator's id in metadata without uids). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
