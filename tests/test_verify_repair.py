@@ -181,6 +181,29 @@ def test_channel_state_check_reads_a_file_at_once_and_still_names_the_bad_channe
     assert [p.count for p in replicas.problems] == [per_channel]
 
 
+def test_buffer_copies_are_counted_as_by_their_holders():
+    """The buffer-replicas check's count, grouped at once (``_Holders``), is the one of a set of
+    holders per digest and direction: each digest's holders but one. Digests shared across the
+    directions, held twice by one subtask, given one owner or one per digest."""
+    import random
+
+    from ckpt_tool.ops.verify import _Holders
+
+    rng = random.Random(7)
+    pool = [rng.randbytes(16) for _ in range(40)]
+    for _ in range(200):
+        holders, expected = _Holders(), {}
+        for _ in range(rng.randrange(6)):
+            direction = rng.choice((INPUT, OUTPUT))
+            found = [rng.choice(pool) for _ in range(rng.randrange(30))]
+            owners = rng.randrange(5) if rng.random() < 0.5 else [rng.randrange(5) for _ in found]
+            holders.add(found, owners, direction)
+            for at, digest in enumerate(found):
+                owner = owners if isinstance(owners, int) else owners[at]
+                expected.setdefault(digest + direction.encode(), set()).add(owner)
+        assert holders.copies() == sum(len(owners) - 1 for owners in expected.values())
+
+
 def test_merged_handles_read_as_columns_give_the_digests_of_their_channels(tmp_path):
     """`verify` reads a subtask's merged handles as columns where their channels list as many
     buffers: the same buffer digests as checking channel by channel, on every fixture and on a

@@ -40,6 +40,7 @@ from ckpt_tool.flink.operator_state import operator_state_problems
 from ckpt_tool.flink.plan import JobPlan, PlanVertex, chain_max_parallelism_problems
 from ckpt_tool.flink.uids import uid_problems
 from ckpt_tool.planning import plan_rescale
+from ckpt_tool.records.scan import digest_holders
 from ckpt_tool.session import Session
 from ckpt_tool.topology import check_new_topology
 
@@ -134,7 +135,7 @@ def check_channel_state(cp: Checkpoint, files_ok: bool, bounds: Optional[Channel
     handles = CheckResult("channel-handles", "one handle per channel of a subtask at most, each in the job", unusable=True)
     replicas = CheckResult("buffer-replicas", "no buffer held by several subtasks of an operator")
     for op in cp.metadata.operators:
-        digests: dict[bytes, set[int]] = defaultdict(set)
+        digests = _Holders()
         # handles in files, by direction and file, across the subtasks: read file by file (ckpt's
         # rescale writes a file per engine task, for all subtasks, so that every subtask has handles
         # in each: opened subtask by subtask, each file was opened once per subtask). Plain handles
@@ -144,12 +145,10 @@ def check_channel_state(cp: Checkpoint, files_ok: bool, bounds: Optional[Channel
         for s in op.subtasks:
             with ChannelStateReader() as reader:  # one subtask's files mapped at a time
                 for direction in (INPUT, OUTPUT):
-                    suffix = direction.encode()
                     merged = _merged_digests(cp, reader, s, direction, op.id_hex, bounds) if files_ok else None
                     if merged is not None:  # merged handles, read as columns: nothing to report
                         found_here, in_local_files = merged
-                        for found in found_here:
-                            digests[found + suffix].add(s.index)
+                        digests.add(found_here, s.index, direction)
                         for handle, offsets in in_local_files:
                             merged_in_files[(direction, cp.location(handle.delegate))].append((s.index, handle, offsets))
                         continue
@@ -180,16 +179,43 @@ def check_channel_state(cp: Checkpoint, files_ok: bool, bounds: Optional[Channel
                             group[2].append(h)
                         elif files_ok or isinstance(h.delegate, ByteStreamHandle):
                             readable.append(h)
-                    for found in _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index):
-                        digests[found + suffix].add(s.index)
+                    found = _buffer_digests(cp, reader, readable, direction, buffers.problems, op.label, s.index)
+                    digests.add(found, s.index, direction)
         _file_digests(cp, in_files, digests, buffers.problems, op.label)
         _merged_file_digests(cp, merged_in_files, digests, buffers.problems, op.label)
-        copies = sum(len(holders) - 1 for holders in digests.values() if len(holders) > 1)
+        copies = digests.copies()
         if copies:
             replicas.problems.append(
                 Problem("buffer-replicas", f"{copies} buffer copies are held by more than one subtask", op.label, count=copies)
             )
     return [buffers, handles, replicas]
+
+
+class _Holders:
+    """The subtasks of one operator holding each buffer digested (its xxh3-128, by direction),
+    gathered as columns and grouped at once (``scan.digest_holders``): a job at parallelism p lists
+    the buffers of p² channels."""
+
+    def __init__(self) -> None:
+        self._digests: list[bytes] = []
+        self._owners: list[np.ndarray] = []
+        self._outputs: list[np.ndarray] = []
+
+    def add(self, found: list[bytes], owners, direction: str) -> None:
+        """``found``: 16-byte digests, held by ``owners`` (one subtask, or one for each digest)."""
+        if not found:
+            return
+        self._digests.append(b"".join(found))
+        self._owners.append(np.broadcast_to(np.asarray(owners, dtype=np.int64), (len(found),)))
+        self._outputs.append(np.full(len(found), direction == OUTPUT, dtype=np.int8))
+
+    def copies(self) -> int:
+        """The buffers held too often: for each digest of a direction, its holders but one."""
+        if not self._digests:
+            return 0
+        digest = np.frombuffer(b"".join(self._digests), dtype=np.uint64).reshape(-1, 2)
+        *_, holders = digest_holders(digest, np.concatenate(self._owners), np.concatenate(self._outputs))
+        return int((holders - 1).sum())
 
 
 def _channel_name(direction: str, handle) -> str:
@@ -242,7 +268,7 @@ def _merged_digests(
     return found, deferred
 
 
-def _merged_file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
+def _merged_file_digests(cp: Checkpoint, in_files: dict, digests: _Holders, problems: list, op) -> None:
     """The digests of merged handles in whole files, file by file across the subtasks
     (``in_files``: per direction and location, each subtask with its handle and its buffers'
     offsets), into ``digests``: a local file mapped once, its buffers read in one pass. Where a
@@ -254,11 +280,10 @@ def _merged_file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems
             if _owned_digests(cp, reader, members[0][1].delegate, [s for s, _, _ in members], offsets, direction, digests):
                 continue
             for subtask, handle, _ in members:
-                for found in _buffer_digests(cp, reader, handle.channels, direction, problems, op, subtask):
-                    digests[found + direction.encode()].add(subtask)
+                digests.add(_buffer_digests(cp, reader, handle.channels, direction, problems, op, subtask), subtask, direction)
 
 
-def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list, op) -> None:
+def _file_digests(cp: Checkpoint, in_files: dict, digests: _Holders, problems: list, op) -> None:
     """``_buffer_digests`` of plain handles grouped by file across subtasks (``in_files``: per
     direction and file, the file's handle, and each handle with its subtask), into ``digests``:
     a local file's in one pass; each handle on its own where that does not read (naming it)."""
@@ -272,11 +297,13 @@ def _file_digests(cp: Checkpoint, in_files: dict, digests: dict, problems: list,
             if _owned_digests(cp, reader, handles[0].delegate, subtasks, [h.offsets for h in handles], direction, digests):
                 continue
             for subtask, handle in zip(subtasks, handles):
-                for found in _digests_alone(cp, reader, handle, BufferSource.of(cp, handle), direction, problems, op, subtask):
-                    digests[found + direction.encode()].add(subtask)
+                found = _digests_alone(cp, reader, handle, BufferSource.of(cp, handle), direction, problems, op, subtask)
+                digests.add(found, subtask, direction)
 
 
-def _owned_digests(cp: Checkpoint, reader, delegate, subtasks: list[int], offsets: list, direction: str, digests: dict) -> bool:
+def _owned_digests(
+    cp: Checkpoint, reader, delegate, subtasks: list[int], offsets: list, direction: str, digests: _Holders
+) -> bool:
     """The digests of the buffers of one local file that handles of many subtasks list (handle i,
     of ``subtasks[i]``, at ``offsets[i]``), read in one pass, into ``digests``; False (nothing
     added) where they do not read so."""
@@ -290,9 +317,8 @@ def _owned_digests(cp: Checkpoint, reader, delegate, subtasks: list[int], offset
     together = reader.buffer_digests_owned(source, owners, REPLICA_MIN_BUFFER_BYTES)
     if together is None:
         return False
-    suffix = direction.encode()
-    for found, owner in zip(*together):
-        digests[found + suffix].add(owner)
+    found, owners = together
+    digests.add(found, owners, direction)
     return True
 
 
