@@ -255,7 +255,7 @@ class ChannelStateReader:
         if offsets and min(offsets) < len(HEADER):
             raise CheckpointFormatError(f"{source.where}: buffer offset {min(offsets)} is inside the file header")
         try:
-            return _read_in_place(data, offsets, min_bytes, self._releaser(source))[1]
+            return split_digests(_read_in_place(data, offsets, min_bytes, self._releaser(source))[1])
         except ValueError as exc:
             raise CheckpointFormatError(f"{source.where}: {exc}") from None
 
@@ -270,14 +270,15 @@ class ChannelStateReader:
         offsets = list(chain.from_iterable(s.offsets for s in sources))
         joined = BufferSource(first.location, first.inline, first.segment, offsets, first.beneath)
         owned = self.buffer_digests_owned(joined, np.zeros(len(offsets), dtype=np.int64), min_bytes)
-        return None if owned is None else owned[0]
+        return None if owned is None else split_digests(owned[0])
 
     def buffer_digests_owned(
         self, source: BufferSource, owners: np.ndarray, min_bytes: int = 0
-    ) -> Optional[tuple[list[bytes], list[int]]]:
+    ) -> Optional[tuple[bytes, list[int]]]:
         """``buffer_digests_together`` of one local file's buffers listed by many handles (of many
         subtasks) at once: buffer i at ``source.offsets[i]`` is held by ``owners[i]``. Returns the
-        digests of the buffers of at least ``min_bytes`` in file order, and each one's owner; None
+        digests of the buffers of at least ``min_bytes`` in file order (16 bytes each, joined), and
+        each one's owner; None
         where the file is not local, or a buffer does not read or two overlap."""
         if source.inline is not None or source.location is None or not self._is_local(source.location):
             return None
@@ -289,7 +290,7 @@ class ChannelStateReader:
         order = np.argsort(offsets, kind="stable")
         offsets = offsets[order]
         if not len(offsets) or offsets[0] < len(HEADER):
-            return None if len(offsets) else ([], [])
+            return None if len(offsets) else (b"", [])
         try:
             sizes, found = _read_in_place(data, offsets, min_bytes, self._releaser(source))  # found: of the ``large``
         except ValueError:
@@ -407,12 +408,16 @@ def _lengths_at(data, at: np.ndarray) -> np.ndarray:
     return lengths.view(np.int32).astype(np.int64)
 
 
-def _digests(data, offsets: Sequence[int] | np.ndarray, sizes: np.ndarray, min_bytes: int) -> list[bytes]:
+def _digests(data, offsets: Sequence[int] | np.ndarray, sizes: np.ndarray, min_bytes: int) -> bytes:
     """An xxh3-128 digest of each buffer (at its offset, of its payload size) of at least
-    ``min_bytes``, read where it lies (no copy)."""
+    ``min_bytes``, read where it lies (no copy): 16 bytes each, joined."""
     at, size = np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     kept = size >= min_bytes
-    joined = _framing.digests(data, at[kept] + 4, at[kept] + 4 + size[kept])
+    return _framing.digests(data, at[kept] + 4, at[kept] + 4 + size[kept])
+
+
+def split_digests(joined: bytes) -> list[bytes]:
+    """The 16-byte digests ``_digests`` joined, one by one."""
     return [joined[i : i + 16] for i in range(0, len(joined), 16)]
 
 
@@ -423,9 +428,9 @@ IN_PLACE_WINDOW_BYTES = 64 << 20
 
 def _read_in_place(
     data, offsets: Sequence[int] | np.ndarray, min_bytes: int, release: Optional[Callable[[int, int], None]]
-) -> tuple[np.ndarray, list[bytes]]:
+) -> tuple[np.ndarray, bytes]:
     """Each buffer's payload length (raises ValueError where one does not read), and ``_digests``
-    of those of at least ``min_bytes``. With ``release`` (a mapped file's) and buffers in file
+    of those of at least ``min_bytes`` (joined). With ``release`` (a mapped file's) and buffers in file
     order over more than IN_PLACE_WINDOW_BYTES, a window of the file at a time, each window's
     pages let go once read: reading even one length maps the pages around it, and a channel of
     1.5 GB would stay resident whole."""
@@ -439,12 +444,12 @@ def _read_in_place(
                 if int(window[0]) < end:
                     raise ValueError("a buffer overlaps the window before")  # as the whole read says
                 size = np.frombuffer(_framing.lengths(data, window), dtype=np.int64)
-                digests += _digests(data, window, size, min_bytes)
+                digests.append(_digests(data, window, size, min_bytes))
                 sizes.append(size)
                 end = int(window[-1]) + _LENGTH.size + int(size[-1])
                 release(int(window[0]), end)
                 start = stop
-            return np.concatenate(sizes), digests
+            return np.concatenate(sizes), b"".join(digests)
         except ValueError:
             pass  # read whole below, which says where
     size = np.frombuffer(_framing.lengths(data, at), dtype=np.int64)

@@ -201,13 +201,16 @@ class _Holders:
         self._owners: list[np.ndarray] = []
         self._outputs: list[np.ndarray] = []
 
-    def add(self, found: list[bytes], owners, direction: str) -> None:
-        """``found``: 16-byte digests, held by ``owners`` (one subtask, or one for each digest)."""
-        if not found:
+    def add(self, found: list[bytes] | bytes, owners, direction: str) -> None:
+        """``found``: 16-byte digests (or those joined), held by ``owners`` (one subtask, or one for
+        each digest)."""
+        joined = found if isinstance(found, bytes) else b"".join(found)
+        if not joined:
             return
-        self._digests.append(b"".join(found))
-        self._owners.append(np.broadcast_to(np.asarray(owners, dtype=np.int64), (len(found),)))
-        self._outputs.append(np.full(len(found), direction == OUTPUT, dtype=np.int8))
+        count = len(joined) // 16
+        self._digests.append(joined)
+        self._owners.append(np.broadcast_to(np.asarray(owners, dtype=np.int64), (count,)))
+        self._outputs.append(np.full(count, direction == OUTPUT, dtype=np.int8))
 
     def copies(self) -> int:
         """The buffers held too often: for each digest of a direction, its holders but one."""
