@@ -100,7 +100,9 @@ left), nor in ``flink120-aligned-p2`` (seed 104: 13 OK, 40 refused), nor in ``fl
 (seed 105: 14 OK, 33 refused, a DIFF of a subtask index) or ``flink120-sqljoin-p2`` (seed 106: 17
 refused, eight DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "Cannot get old subtasks
 from a descriptor that represents no state", ckpt's output restoring with the exact 20,000, and a
-SAME-FAIL, an operator's id in metadata without uids). In each
+SAME-FAIL, an operator's id in metadata without uids), nor in ``flink23-rocksdb-savepoint-canonical-p2``
+(seed 107: 20 OK, 89 refused) or ``flink120-hashmap-p2`` (seed 108: 27 refused, twenty DIFF, each
+Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring with the exact 60,010). In each
 DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
 and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
 bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
