@@ -278,8 +278,8 @@ class ChannelStateReader:
         """``buffer_digests_together`` of one local file's buffers listed by many handles (of many
         subtasks) at once: buffer i at ``source.offsets[i]`` is held by ``owners[i]``. Returns the
         digests of the buffers of at least ``min_bytes`` in file order (16 bytes each, joined), and
-        each one's owner; None
-        where the file is not local, or a buffer does not read or two overlap."""
+        each one's owner; None where the file is not local, or a buffer does not read or two
+        overlap."""
         if source.inline is not None or source.location is None or not self._is_local(source.location):
             return None
         try:
