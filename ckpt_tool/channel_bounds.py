@@ -58,8 +58,12 @@ class ChannelBounds:
         """The position of the first (gate, channel) pair no such channel, or None."""
         if not len(gates):
             return None
-        distinct, each = np.unique(gates, return_inverse=True)
-        limit = np.array([self.of(operator_id, direction, int(g)) for g in distinct], dtype=np.int64)[each]
+        first = int(gates[0])
+        if bool((gates == first).all()):  # one gate, as a merged handle's channels mostly are: no sort
+            limit: np.ndarray | int = self.of(operator_id, direction, first)
+        else:
+            distinct, each = np.unique(gates, return_inverse=True)
+            limit = np.array([self.of(operator_id, direction, int(g)) for g in distinct], dtype=np.int64)[each]
         outside = (channels < 0) | (channels >= limit)
         return int(np.argmax(outside)) if outside.any() else None
 

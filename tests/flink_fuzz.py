@@ -102,11 +102,12 @@ refused, eight DIFF, each Flink 1.20.3 failing to rescale its own checkpoint, "C
 from a descriptor that represents no state", ckpt's output restoring with the exact 20,000, and a
 SAME-FAIL, an operator's id in metadata without uids), nor in ``flink23-rocksdb-savepoint-canonical-p2``
 (seed 107: 20 OK, 89 refused) or ``flink120-hashmap-p2`` (seed 108: 27 refused, twenty DIFF, each
-Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring with the exact 60,010). In each
-DIFF of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor")
-and ckpt's output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque
-bytes ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or
-its job never ends).
+Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring with the exact 60,010), nor in
+``flink23-maxp4096-p2`` (seed 109: 5 OK, 317 refused, a SAME-FAIL, a chained operator's id: the
+limitation above). In each DIFF of a subtask index Flink's own rescale fails ("Cannot select
+SubtaskConnectionDescriptor") and ckpt's output restores exactly; ``verify`` names the handle
+("handle names subtask ..."). Left: opaque bytes ckpt does not decode (a source's split state, a
+coordinator's state: Flink fails on them, or its job never ends).
 """
 
 from __future__ import annotations

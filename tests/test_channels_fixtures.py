@@ -162,6 +162,9 @@ def test_channel_table_makes_the_channels_logical_channels_pairs(fixture):
     middle = len(table) // 2
     parts = [table.part(0, middle), table.take(np.arange(0)), table.part(middle, len(table))]
     assert [_made(t) for t in ChannelTable.concatenate(parts)] == reference
+    # a part lists only the files its sources name, as a take does
+    for part in (parts[0], parts[2], table.part(1, max(1, len(table) - 1))):
+        assert sorted(set(part.source_file.tolist())) == list(range(len(part.files)))
     # slices share the table's files, and joined again keep them (as a route batch takes its tasks)
     cuts = [0, len(table) // 3, len(table) // 3, 2 * len(table) // 3, len(table)]
     slices = [table.slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]

@@ -356,3 +356,22 @@ def test_a_repair_of_ckpt_output_copies_the_file_it_carries_under_a_name_of_its_
     assert code == 0 and report["status"] == "sound", err
     info = fixture.info
     assert flink_env.restore_count(info["flink_version"], repaired, 3, backend=info["backend"]) == info["source_records"]
+
+
+def test_the_first_channel_outside_its_gate_is_found_as_by_each_channel():
+    """``ChannelBounds.first_outside`` (the check of every merged handle's channels) names the
+    first channel ``problem`` names, with one gate (no sort) and with several, on random channels."""
+    import numpy as np
+
+    from ckpt_tool.channel_bounds import ChannelBounds
+    from ckpt_tool.records.schema import Exchange
+
+    bounds = ChannelBounds({"up0": 3, "up1": 5, "down": 4}, [Exchange("up0", "down", 0), Exchange("up1", "down", 1)])
+    random = np.random.default_rng(28)
+    for case in range(300):
+        count = int(random.integers(1, 40))
+        gates = np.full(count, case % 2) if case % 3 else random.integers(0, 3 if case % 5 == 0 else 2, count)
+        channels = random.integers(-1 if case % 7 == 0 else 0, 6, count)
+        for kind in (np.int64, ">i4"):  # as columns, and as a merged handle's big-endian fields
+            want = next((i for i in range(count) if bounds.problem("down", INPUT, int(gates[i]), int(channels[i]))), None)
+            assert bounds.first_outside("down", INPUT, gates.astype(kind), channels.astype(kind)) == want, case

@@ -81,8 +81,17 @@ class ChannelTable:
 
     def part(self, start: int, stop: int) -> ChannelTable:
         """Rows ``start`` to ``stop`` as a table of their own: what one engine task works on (a
-        forked worker or Spark gets columns, and makes tasks only where it needs them)."""
-        return self.take(np.arange(start, max(start, stop)))
+        forked worker or Spark gets columns, and makes tasks only where it needs them). Its
+        columns are ``slice``'s (views where they can be: consecutive rows' sources and offsets
+        lie one after another, so no gather of them, as ``take`` does for any rows), and it lists
+        only the files its sources name, renumbered (what Spark is handed carries no others)."""
+        table = self.slice(start, stop)
+        if table.files is self.files and len(table.source_file):
+            used, renumbered = _used(table.source_file, len(self.files))
+            if len(used) < len(self.files):
+                table.source_file = renumbered.astype(np.int32)
+                table.files = [self.files[i] for i in used.tolist()]
+        return table
 
     def slice(self, start: int, stop: int) -> ChannelTable:
         """Rows ``start`` to ``stop`` as a table that shares this one's files and, where it can,
