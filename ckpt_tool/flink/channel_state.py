@@ -64,7 +64,7 @@ class BufferSource:
     location: Optional[str]
     inline: Optional[bytes]
     segment: Optional[tuple[int, int]]
-    offsets: Sequence[int]  # not changed once built (a handle's own tuple or list, not a copy)
+    offsets: Sequence[int] | np.ndarray  # not changed once built (a handle's own tuple, list or column, not a copy)
     beneath: Optional[str] = None  # the source's job directory: files named in it are read only there
 
     @staticmethod
@@ -74,7 +74,7 @@ class BufferSource:
         return BufferSource.in_delegate(checkpoint, handle.delegate, handle.offsets)
 
     @staticmethod
-    def in_delegate(checkpoint: Checkpoint, delegate, offsets: Sequence[int]) -> BufferSource:
+    def in_delegate(checkpoint: Checkpoint, delegate, offsets: Sequence[int] | np.ndarray) -> BufferSource:
         """Buffers at ``offsets`` of a channel handle's delegate (a file, a segment of one, or inline data)."""
         inline = delegate.data if isinstance(delegate, ByteStreamHandle) else None
         segment = (delegate.start, delegate.size) if isinstance(delegate, SegmentFileHandle) else None
@@ -252,7 +252,7 @@ class ChannelStateReader:
     def buffer_digests(self, source: BufferSource, min_bytes: int = 0) -> list[bytes]:
         """An xxh3-128 digest of each buffer of at least ``min_bytes``, read where it lies (no copy)."""
         data, offsets = self._data(source)
-        if offsets and min(offsets) < len(HEADER):
+        if len(offsets) and min(offsets) < len(HEADER):
             raise CheckpointFormatError(f"{source.where}: buffer offset {min(offsets)} is inside the file header")
         try:
             return split_digests(_read_in_place(data, offsets, min_bytes, self._releaser(source))[1])
@@ -305,7 +305,7 @@ class ChannelStateReader:
         a time (``ChannelPieces``) would otherwise keep all of its file resident in this process
         (the 1.5 GB channel of a rescale to parallelism 1). They stay in the page cache."""
         release = self._releaser(source)
-        if release is None or not source.offsets or source.location is None:
+        if release is None or not len(source.offsets) or source.location is None:
             return
         first, last = min(source.offsets), max(source.offsets)
         try:
@@ -372,7 +372,7 @@ class ChannelStateReader:
         """Object stores: two ranged GETs (the last buffer's length, then the span of all buffers)
         instead of the whole file, which other subtasks' channels share. Returns the span behind
         a file header, and the offsets shifted to it."""
-        if not source.offsets:
+        if not len(source.offsets):
             return HEADER, []
         io = io_for(location)
         first, last = min(source.offsets), max(source.offsets)
@@ -390,10 +390,8 @@ def in_order(blobs: list[tuple[Any, bytes]], sizes: np.ndarray) -> bytes:
     the indexes of its sources (in order) and their payloads one after another; source i has
     ``sizes[i]`` bytes. ``blobs`` is emptied: the payloads are held twice at most, not three
     times (at p=4,096 dense an engine task reads 64 MB from 4,096 files)."""
-    if len(blobs) == 1 and np.array_equal(blobs[0][0], np.arange(len(sizes))):
-        return blobs.pop()[1]
     if _consecutive(blobs, len(sizes)):  # files met in table order (a scan's rows by downstream subtask): joined as read
-        joined = b"".join(blob for _, blob in blobs)
+        joined = blobs[0][1] if len(blobs) == 1 else b"".join(blob for _, blob in blobs)
         blobs.clear()
         return joined
     starts = np.zeros(len(sizes), dtype=np.int64)

@@ -14,10 +14,9 @@ A check that cannot run says why (``skipped``), and the status says how many wer
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import chain
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import numpy as np
 
@@ -319,7 +318,7 @@ def _owned_digests(
         flat = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=int(counts.sum()))
     # the array stands in for a list of offsets (buffer_digests_owned reads them as one): at
     # p=4,096 dense a list of the 16.8 million and back cost more than reading their lengths
-    source = BufferSource.in_delegate(cp, delegate, cast(Sequence[int], flat))
+    source = BufferSource.in_delegate(cp, delegate, flat)
     together = reader.buffer_digests_owned(source, owners, REPLICA_MIN_BUFFER_BYTES)
     if together is None:
         return False
