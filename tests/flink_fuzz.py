@@ -105,10 +105,12 @@ SAME-FAIL, an operator's id in metadata without uids), nor in ``flink23-rocksdb-
 Flink 1.20.3 failing to rescale its own checkpoint, ckpt's output restoring with the exact 60,010), nor in
 ``flink23-maxp4096-p2`` (seed 109: 5 OK, 317 refused, a SAME-FAIL, a chained operator's id: the
 limitation above), nor in ``flink22-hashmap-p2`` (seed 110: 20 OK, 39 refused) or
-``flink20-hashmap-p2`` (seed 111: 20 OK, 29 refused). In each DIFF of a subtask index Flink's own rescale fails ("Cannot select
-SubtaskConnectionDescriptor") and ckpt's output restores exactly; ``verify`` names the handle
-("handle names subtask ..."). Left: opaque bytes ckpt does not decode (a source's split state, a
-coordinator's state: Flink fails on them, or its job never ends).
+``flink20-hashmap-p2`` (seed 111: 20 OK, 29 refused), nor in ``flink114-hashmap-p2`` (seed 112: 14 OK,
+37 refused, a SAME-FAIL, a coordinator's state altered: both restores hang, as below). In each DIFF
+of a subtask index Flink's own rescale fails ("Cannot select SubtaskConnectionDescriptor") and ckpt's
+output restores exactly; ``verify`` names the handle ("handle names subtask ..."). Left: opaque bytes
+ckpt does not decode (a source's split state, a coordinator's state: Flink fails on them, or its job
+never ends).
 """
 
 from __future__ import annotations
