@@ -188,20 +188,21 @@ class Conformance:
         all) where Flink's checkpoint held no in-flight data on an exchange that must hold some:
         which buffers a checkpoint catches is Flink's timing (a REBALANCE exchange at parallelism
         1 was once empty at checkpoint 3), not what the cell tests."""
-        for attempt in range(CAPTURE_ATTEMPTS):
+        key = (topology, old)
+        for _ in range(CAPTURE_ATTEMPTS - 1):
             source = self.capture(topology, old)
             try:
                 return self.rescaled(topology, old, new, source, cell), source
             except CellFailure as failure:
-                if failure.step != "in-flight" or attempt == CAPTURE_ATTEMPTS - 1:
+                if failure.step != "in-flight":
                     raise
-                key = (topology, old)
-                del self.captures[key]
-                self.retaken[key] = self.retaken.get(key, 0) + 1
-                prefix = f"{topology}-{old}-"  # every cell rescaled from the old capture
-                for done in [c for c in self.outputs if c.name.startswith(prefix)]:
-                    del self.outputs[done]
-        raise AssertionError("unreachable")
+            del self.captures[key]
+            self.retaken[key] = self.retaken.get(key, 0) + 1
+            prefix = f"{topology}-{old}-"  # every cell rescaled from the old capture
+            for done in [c for c in self.outputs if c.name.startswith(prefix)]:
+                del self.outputs[done]
+        source = self.capture(topology, old)  # the last attempt: its failure is the cell's
+        return self.rescaled(topology, old, new, source, cell), source
 
     def rescaled(self, topology: str, old: int, new: int, source: Capture, cell: Path, require_in_flight: bool = True) -> Path:
         """ckpt's rescale of ``source`` to ``new``, checked by Flink's classes (once per cell);
